@@ -1,0 +1,32 @@
+"""specdec: lossless speculative decoding for Hugging Face transformers models."""
+
+from specdec.builtin.user_provided import UserProvidedDecodingConfig
+from specdec.config import PlainDecodingConfig, SpeculativeConfig
+from specdec.errors import ConfigError, PluginError, SpecdecError, UnknownMethodError
+from specdec.hookspecs import hookimpl
+from specdec.llm import LLM, RequestOutput
+from specdec.metrics import RequestMetrics
+from specdec.requests import DraftProposal, Request, VerifyResult
+from specdec.resources import ResourceManager, TargetContext
+from specdec.sampling import SamplingParams, logits_to_probs
+
+__all__ = [
+    "LLM",
+    "ConfigError",
+    "DraftProposal",
+    "PlainDecodingConfig",
+    "PluginError",
+    "Request",
+    "RequestMetrics",
+    "RequestOutput",
+    "ResourceManager",
+    "SamplingParams",
+    "SpecdecError",
+    "SpeculativeConfig",
+    "TargetContext",
+    "UnknownMethodError",
+    "UserProvidedDecodingConfig",
+    "VerifyResult",
+    "hookimpl",
+    "logits_to_probs",
+]

@@ -1,0 +1,29 @@
+"""The core's default hook implementations: lossless verification and an empty resource manager.
+
+Registered ``trylast`` so a method plugin overrides them by returning a result for its config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.config import SpeculativeConfig
+from specdec.hookspecs import hookimpl
+from specdec.requests import DraftProposal, Request, VerifyResult
+from specdec.resources import ResourceManager, TargetContext
+from specdec.verify import verify_one
+
+
+@hookimpl(trylast=True)
+def specdec_verify(
+    requests: list[Request], proposals: list[DraftProposal], target_logits: list[torch.Tensor]
+) -> list[VerifyResult]:
+    return [
+        verify_one(proposal, logits, request.params, request.generator)
+        for request, proposal, logits in zip(requests, proposals, target_logits)
+    ]
+
+
+@hookimpl(trylast=True)
+def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -> ResourceManager:
+    return ResourceManager()

@@ -1,0 +1,23 @@
+"""Errors users see. The CLI prints any `SpecdecError` as one line and exits with code 2."""
+
+from __future__ import annotations
+
+
+class SpecdecError(Exception):
+    """Base class for errors caused by user input or the environment, not by a bug."""
+
+
+class ConfigError(SpecdecError, ValueError):
+    """A speculative or sampling configuration is invalid; the message names the field."""
+
+
+class UnknownMethodError(ConfigError):
+    """The requested speculation method is not installed; the message lists the installed ones."""
+
+
+class PluginError(SpecdecError):
+    """A plugin the user selected failed to load or misbehaved; the message carries the cause."""
+
+
+class ModelLoadError(SpecdecError):
+    """A model or tokenizer could not be loaded."""

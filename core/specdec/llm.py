@@ -1,0 +1,144 @@
+"""The Python API: ``LLM(model, speculative_config=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.config import SpeculativeConfig
+from specdec.config_loader import parse_speculative_config
+from specdec.engine import Engine
+from specdec.errors import ConfigError
+from specdec.metrics import RequestMetrics, aggregate
+from specdec.models import load_model, resolve_device
+from specdec.plugins import get_registry
+from specdec.runner import ModelRunner
+from specdec.sampling import SamplingParams
+
+#: A prompt: raw text, a chat conversation (list of ``{"role", "content"}``) or
+#: ``{"prompt_token_ids": [...]}``.
+Prompt = Union[str, list[dict[str, str]], dict[str, list[int]]]
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: Prompt
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: RequestMetrics = field(repr=False)
+
+
+class LLM:
+    """A target model with a speculation method attached.
+
+    :param model: a Hugging Face id or local directory, ``None`` for the embedded default
+        (SmolLM2-135M-Instruct), or an already loaded ``PreTrainedModel`` (then pass
+        ``tokenizer`` too).
+    :param speculative_config: a method config object, a TensorRT-LLM or vLLM style dict, a
+        YAML file path, or ``None`` for plain decoding.
+    :param dtype: ``auto`` (bfloat16 where the hardware has it natively), ``float32``,
+        ``bfloat16`` or ``float16``; ignored for a loaded model.
+    :param device: ``cuda``, ``cpu`` or ``None`` (CUDA when present).
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel | None = None,
+        speculative_config: SpeculativeConfig | dict[str, Any] | str | None = None,
+        *,
+        tokenizer: Any = None,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device | None = None,
+    ) -> None:
+        registry = get_registry()
+        self.speculative_config = parse_speculative_config(speculative_config, registry)
+        if isinstance(model, PreTrainedModel):
+            target = model.to(resolve_device(device)) if device is not None else model
+        else:
+            target, tokenizer = load_model(model, dtype, device)
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(target)
+        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry)
+        self._history: list[RequestMetrics] = []
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self.runner.model
+
+    @property
+    def method(self) -> str:
+        return self.engine.method.name
+
+    def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
+        """Token ids of ``prompt``; ``chat=True`` wraps a text prompt as one user turn."""
+        if isinstance(prompt, dict):
+            try:
+                return [int(t) for t in prompt["prompt_token_ids"]]
+            except (KeyError, TypeError, ValueError):
+                raise ConfigError("prompt: a dict prompt needs `prompt_token_ids`, a list of ints") from None
+        if self.tokenizer is None:
+            raise ConfigError("prompt: text prompts need a tokenizer; pass {'prompt_token_ids': [...]}")
+        if isinstance(prompt, str) and not chat:
+            return self.tokenizer(prompt)["input_ids"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ConfigError("prompt: this model's tokenizer has no chat template; use --no-chat")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | None = None,
+        *,
+        chat: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt; outputs keep the order of ``prompts``."""
+        params = sampling_params or SamplingParams()
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts, list) and isinstance(prompts[0], dict) and "role" in prompts[0]):
+            prompts = [prompts]
+        outputs = []
+        for prompt in prompts:
+            prompt_ids = self.encode(prompt, chat=chat)
+            request = self.engine.run(self.engine.new_request(prompt_ids, params))
+            self._history.append(request.metrics)
+            outputs.append(
+                RequestOutput(
+                    request.request_id,
+                    prompt,
+                    prompt_ids,
+                    self.engine.final_text(request),
+                    request.output_ids,
+                    request.finish_reason,
+                    request.metrics,
+                )
+            )
+        return outputs
+
+    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, using the chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self.generate(conversations, sampling_params, chat=True)
+
+    def get_metrics(self) -> RequestMetrics:
+        """Speculation metrics aggregated over every request since creation or the last reset."""
+        return aggregate(self._history)
+
+    def reset_metrics(self) -> None:
+        self._history.clear()
+
+    def close(self) -> None:
+        """Release the method's resources (draft model, pools). The LLM cannot generate after."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

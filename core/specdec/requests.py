@@ -1,0 +1,72 @@
+"""The state of one generation request and the values that pass between hooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.metrics import RequestMetrics
+from specdec.sampling import SamplingParams
+
+
+@dataclass
+class Request:
+    """One running generation.
+
+    ``token_ids`` is the prompt followed by every token generated so far; its last token is the
+    one the target forwards next (it is not yet in the target's KV cache).
+    """
+
+    request_id: int
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    #: Draft budget for the current step, set by the engine before drafting.
+    max_draft_len: int = 0
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    finished: bool = False
+    finish_reason: str | None = None
+    #: Free slot for a method's per-request state (the engine never touches it).
+    method_state: Any = None
+    #: The target's output of this step's forward (logits, and hidden states when the runner
+    #: captures them), for methods that draft from target features. Cleared when the request ends.
+    target_output: Any = None
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass
+class DraftProposal:
+    """Draft tokens for one request: a chain, verified in one target forward.
+
+    ``probs`` is the draft distribution each token was sampled from (``[len(token_ids), vocab]``,
+    shaped by :func:`specdec.sampling.logits_to_probs`); ``None`` means a deterministic draft
+    (n-gram, one-hot q), which rejection sampling handles exactly.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class VerifyResult:
+    """What verification decided for one request: the drafts kept and the token after them."""
+
+    num_accepted: int
+    next_token: int
+
+    def emitted(self, proposal: DraftProposal) -> list[int]:
+        """The tokens this step adds: accepted drafts, then the bonus or recovered token."""
+        return proposal.token_ids[: self.num_accepted] + [self.next_token]

@@ -1,0 +1,52 @@
+"""Per-session method state and what a method may know about the target model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from specdec.requests import Request
+    from specdec.runner import ModelRunner
+
+
+@dataclass
+class TargetContext:
+    """The target model as a method sees it when building its resources."""
+
+    runner: ModelRunner
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.runner.model
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+
+class ResourceManager:
+    """Per-session state of a method. Subclass it; every method here is optional.
+
+    The engine calls ``add_request`` when a request starts (its prompt is in
+    ``request.token_ids``), ``free_request`` when it finishes, and ``release`` once when the
+    ``LLM`` closes. After ``release`` the manager holds no tensors or models.
+    """
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def add_request(self, request: Request) -> None:
+        """Set up per-request state."""
+
+    def free_request(self, request: Request) -> None:
+        """Drop per-request state."""
+
+    def release(self) -> None:
+        """Free everything this manager holds. Subclasses call ``super().release()``."""
+        self.released = True

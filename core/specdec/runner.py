@@ -1,0 +1,78 @@
+"""The target model runner: a Hugging Face causal LM with a KV cache per request.
+
+One forward serves prefill, plain decoding and verification: it appends ``token_ids`` to the
+request's cache and returns logits for every appended position. Rejected draft positions are
+removed again with :meth:`ModelRunner.rollback`.
+
+Two extension points for the draft-head methods:
+
+- ``capture_hidden_states=True`` returns the hidden states of every layer from the same forward
+  (``hidden_states[i]`` enters decoder layer ``i``; the last entry is the final normed state), so
+  EAGLE-3, Medusa and MTP get their features from the verify pass with no extra forward.
+- ``position_ids`` and a 4-D ``attention_mask`` pass through to the model, so a draft tree is
+  verified in one forward: tokens are laid out flat, each at ``cache_len + depth``, and each
+  attends to the cache and to its own ancestors only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class RunnerOutput:
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class ModelRunner:
+    def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
+        self.model = model.eval()
+        self.capture_hidden_states = capture_hidden_states
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: DynamicCache,
+        token_ids: list[int],
+        *,
+        last_only: bool = False,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> RunnerOutput:
+        """Append ``token_ids`` to ``cache``; logits (fp32, ``[n, vocab]``) for each of them.
+
+        ``last_only`` computes logits for the last position only (prefill).
+        """
+        input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        out = self.model(
+            input_ids=input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=self.capture_hidden_states,
+            logits_to_keep=1 if last_only else 0,
+        )
+        hidden = tuple(h[0] for h in out.hidden_states) if self.capture_hidden_states else None
+        return RunnerOutput(out.logits[0].float(), hidden)
+
+    @staticmethod
+    def rollback(cache: DynamicCache, num_tokens: int) -> None:
+        """Drop the last ``num_tokens`` positions (rejected drafts) from ``cache``."""
+        if num_tokens > 0:
+            cache.crop(-num_tokens)
+
+    @staticmethod
+    def cache_length(cache: DynamicCache) -> int:
+        return cache.get_seq_length()

@@ -1,0 +1,53 @@
+"""Stop conditions, checked after every appended token so a stop inside a run of accepted
+drafts ends the output exactly where plain decoding would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.requests import Request
+
+
+class StopChecker:
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def check(self, request: Request) -> str | None:
+        """The finish reason if ``request``'s newest token ends it: ``stop`` or ``length``."""
+        params = request.params
+        token = request.token_ids[-1]
+        if (not params.ignore_eos and token in self.eos_token_ids) or token in params.stop_token_ids:
+            return "stop"
+        if params.stop and self.tokenizer is not None and self._stop_string_in_tail(request):
+            return "stop"
+        if request.num_output_tokens >= params.max_tokens:
+            return "length"
+        return None
+
+    def _stop_string_in_tail(self, request: Request) -> bool:
+        # A stop string ending at the new token lies within its last len(stop)+2 tokens (every
+        # token decodes to at least one character once its bytes are complete).
+        window = max(len(s) for s in request.params.stop) + 2
+        tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
+        return any(s in tail for s in request.params.stop)
+
+    def final_text(self, request: Request) -> str:
+        """The output text, cut before the first stop string (which is excluded, as in vLLM)."""
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in request.params.stop) if i >= 0), default=-1)
+        return text[:cut] if cut >= 0 else text
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """EOS ids from the model's generation config and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return ids

@@ -1,0 +1,46 @@
+"""Options with TensorRT-LLM's names and meanings, plus vLLM's ``prompt_lookup_min/max``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import AliasChoices, Field, model_validator
+
+from specdec import SpeculativeConfig
+
+
+class NGramDecodingConfig(SpeculativeConfig):
+    """Draft by looking up the context's last tokens in a pool of earlier n-grams."""
+
+    method_name: ClassVar[str] = "ngram"
+
+    max_draft_len: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
+        description="Most draft tokens per step.",
+    )
+    max_matching_ngram_size: int = Field(
+        default=4,
+        ge=1,
+        validation_alias=AliasChoices("max_matching_ngram_size", "prompt_lookup_max"),
+        description="Longest context suffix matched against the pool (vLLM `prompt_lookup_max`); longer matches are tried first.",
+    )
+    prompt_lookup_min: int = Field(default=1, ge=1, description="Shortest suffix matched (vLLM).")
+    is_public_pool: bool = Field(
+        default=False,
+        description="One pool shared by all requests instead of one per request (kept until the LLM closes).",
+    )
+    is_keep_all: bool = Field(
+        default=True, description="Keep every candidate per key; if false, keep only the largest (longest) one."
+    )
+    is_use_oldest: bool = Field(
+        default=True, description="Propose the oldest candidate for a match (else the newest). Needs is_keep_all."
+    )
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> NGramDecodingConfig:
+        if self.prompt_lookup_min > self.max_matching_ngram_size:
+            raise ValueError("prompt_lookup_min must not exceed max_matching_ngram_size (prompt_lookup_max)")
+        return self
