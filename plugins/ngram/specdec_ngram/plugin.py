@@ -30,7 +30,7 @@ class NGramResources(ResourceManager):
         return NGramPool(c.prompt_lookup_min, c.max_matching_ngram_size, c.is_keep_all, c.is_use_oldest, c.max_draft_len)
 
     def pool(self, request: Request) -> NGramPool:
-        return self.public_pool or request.method_state
+        return self.public_pool if self.public_pool is not None else request.method_state
 
     def add_request(self, request: Request) -> None:
         if self.public_pool is None:

@@ -1,0 +1,213 @@
+"""The conformance suite every method plugin runs.
+
+Subclass :class:`MethodConformance` in a test module and implement ``make_config``::
+
+    from specdec.testing.conformance import MethodConformance
+
+    class TestMyMethod(MethodConformance):
+        def make_config(self, target, tmp_path):
+            return MyMethodConfig(max_draft_len=4)
+
+pytest then runs every ``test_*`` below against the method, on a tiny random fp32 model:
+
+- greedy output equals plain greedy output token for token, with drafts actually accepted;
+- sampled output follows the target distribution (chi-square test against the exact joint
+  distribution of the first tokens, with both acceptances and rejections observed);
+- a stop token inside a run of accepted drafts ends the output exactly where plain decoding does;
+- metrics add up; resources are released when the ``LLM`` closes.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams, SpeculativeConfig
+from specdec.testing.tiny import TinyTarget, make_tiny_target
+
+#: Reject the null hypothesis "speculative sampling follows the target" below this p-value.
+P_VALUE_FLOOR = 1e-3
+
+
+def exact_joint_distribution(model: Any, prompt_ids: list[int], params: SamplingParams, length: int) -> dict[tuple[int, ...], float]:
+    """P(first ``length`` tokens) under ``model`` and ``params``, by enumerating prefixes.
+
+    Only practical with ``top_k`` set (at most ``top_k ** length`` outcomes).
+    """
+    from specdec.sampling import logits_to_probs
+
+    dist: dict[tuple[int, ...], float] = {(): 1.0}
+    with torch.inference_mode():
+        for _ in range(length):
+            nxt: dict[tuple[int, ...], float] = {}
+            for prefix, mass in dist.items():
+                ids = torch.tensor([prompt_ids + list(prefix)])
+                probs = logits_to_probs(model(ids).logits[0, -1], params)
+                for tok in probs.nonzero().flatten().tolist():
+                    nxt[prefix + (tok,)] = mass * float(probs[tok])
+            dist = nxt
+    return dist
+
+
+def chi_square_p_value(observed: dict[tuple[int, ...], int], expected: dict[tuple[int, ...], float], n: int) -> float:
+    """Pearson chi-square p-value; outcomes expected fewer than 5 times are pooled."""
+    from scipy.stats import chisquare
+
+    obs, exp = [], []
+    pooled_obs, pooled_exp = 0, 0.0
+    for outcome, prob in expected.items():
+        if prob * n >= 5:
+            obs.append(observed.get(outcome, 0))
+            exp.append(prob * n)
+        else:
+            pooled_obs += observed.get(outcome, 0)
+            pooled_exp += prob * n
+    pooled_obs += sum(c for o, c in observed.items() if o not in expected)
+    if pooled_exp > 0 or pooled_obs:
+        obs.append(pooled_obs)
+        exp.append(max(pooled_exp, 1e-9))
+    scale = sum(obs) / sum(exp)
+    return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+class MethodConformance:
+    """Base class of a method's conformance tests. Subclasses implement :meth:`make_config`."""
+
+    #: Sampled-distribution test: samples drawn and tokens per sample.
+    num_samples: int = 2000
+    sample_length: int = 4
+    sampling = SamplingParams(temperature=1.0, top_k=3, max_tokens=4)
+
+    def make_config(self, target: TinyTarget, tmp_path: Path) -> SpeculativeConfig | dict[str, Any]:
+        raise NotImplementedError
+
+    def make_target(self) -> TinyTarget:
+        return make_tiny_target(seed=0)
+
+    # -- fixtures -------------------------------------------------------------------------------
+
+    # Class-scoped fixtures are classmethods (pytest's rule); they call the hooks on an instance.
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def target(cls) -> TinyTarget:
+        return cls().make_target()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def config(cls, target: TinyTarget, tmp_path_factory: pytest.TempPathFactory) -> Any:
+        return cls().make_config(target, tmp_path_factory.mktemp("method"))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def plain(cls, target: TinyTarget) -> LLM:
+        return LLM(target.model, None, tokenizer=target.tokenizer)
+
+    @pytest.fixture
+    def spec(self, target: TinyTarget, config: Any) -> LLM:
+        llm = LLM(target.model, config, tokenizer=target.tokenizer)
+        yield llm
+        llm.close()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def prompts(cls, target: TinyTarget, plain: LLM) -> list[list[int]]:
+        """Prompts whose continuation repeats something earlier, so drafts can be accepted."""
+        out = []
+        for text in ("the cat sat on the mat. the cat", "hello world, hello", "abc abd abe ab", "one two three, one two"):
+            ids = target.encode(text)
+            cont = plain.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=12))[0].token_ids
+            out.append(ids + cont + ids)
+            out.append(ids)
+        return out
+
+    # -- tests ----------------------------------------------------------------------------------
+
+    def test_greedy_output_equals_plain_greedy(self, plain: LLM, spec: LLM, prompts: list[list[int]]) -> None:
+        """Greedy speculative output is token-for-token the plain greedy output (fp32)."""
+        params = SamplingParams(max_tokens=48)
+        accepted = 0
+        for ids in prompts:
+            expected = plain.generate({"prompt_token_ids": ids}, params)[0]
+            got = spec.generate({"prompt_token_ids": ids}, params)[0]
+            assert got.token_ids == expected.token_ids, f"prompt {ids}"
+            assert got.finish_reason == expected.finish_reason
+            accepted += got.metrics.num_accepted_tokens
+        assert accepted > 0, "no draft token was ever accepted: the test would prove nothing"
+
+    def test_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
+        """Speculative sampling draws from the target's own distribution (chi-square)."""
+        prompt = prompts[0]
+        expected = exact_joint_distribution(target.model, prompt, self.sampling, self.sample_length)
+        observed: dict[tuple[int, ...], int] = {}
+        llm = LLM(target.model, config, tokenizer=target.tokenizer)
+        try:
+            for seed in range(self.num_samples):
+                params = self.sampling.model_copy(update={"seed": seed, "max_tokens": self.sample_length, "ignore_eos": True})
+                out = llm.generate({"prompt_token_ids": prompt}, params)[0]
+                key = tuple(out.token_ids)
+                observed[key] = observed.get(key, 0) + 1
+            metrics = llm.get_metrics()
+        finally:
+            llm.close()
+        assert 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens, (
+            "the samples saw no acceptance or no rejection: the test would prove nothing"
+        )
+        p_value = chi_square_p_value(observed, expected, self.num_samples)
+        assert p_value > P_VALUE_FLOOR, f"sampled outputs do not follow the target (p={p_value:.2e})"
+
+    def test_stop_token_inside_accepted_drafts(self, plain: LLM, spec: LLM, prompts: list[list[int]]) -> None:
+        """A stop token met inside a run of accepted drafts ends output exactly as plain decoding."""
+        checked = 0
+        for ids in prompts:
+            free = spec.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=32))[0]
+            tokens = free.token_ids
+            for cut in range(3, len(tokens)):
+                stop = tokens[cut]
+                if stop in tokens[:cut]:
+                    continue
+                params = SamplingParams(max_tokens=32, stop_token_ids=[stop])
+                got = spec.generate({"prompt_token_ids": ids}, params)[0]
+                assert got.token_ids == plain.generate({"prompt_token_ids": ids}, params)[0].token_ids
+                assert got.token_ids == tokens[: cut + 1] and got.finish_reason == "stop"
+                checked += 1
+                break
+        assert checked, "no prompt offered a usable stop token"
+
+    def test_metrics_add_up(self, spec: LLM, prompts: list[list[int]]) -> None:
+        """Counts obey vLLM's definitions, per request and in the aggregate."""
+        spec.reset_metrics()
+        outputs = spec.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=24, ignore_eos=True))
+        for out in outputs:
+            m = out.metrics
+            assert m.num_output_tokens == len(out.token_ids) == 24
+            # One token from prefill, then per step the accepted drafts plus one.
+            assert len(out.token_ids) == 1 + m.num_steps + m.num_accepted_tokens
+            assert m.num_accepted_tokens <= m.num_draft_tokens and m.num_drafts <= m.num_steps
+            assert sum(m.num_accepted_tokens_per_pos) == m.num_accepted_tokens
+            assert all(a >= b for a, b in itertools.pairwise(m.num_accepted_tokens_per_pos))
+            if m.num_drafts:
+                assert m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
+                assert m.acceptance_rate == pytest.approx(m.num_accepted_tokens / m.num_draft_tokens)
+            assert m.time_draft + m.time_forward + m.time_verify <= m.time_decode
+        total = spec.get_metrics()
+        assert total.num_accepted_tokens == sum(o.metrics.num_accepted_tokens for o in outputs)
+        assert total.num_draft_tokens == sum(o.metrics.num_draft_tokens for o in outputs)
+        assert total.num_drafts == sum(o.metrics.num_drafts for o in outputs)
+
+    def test_resources_released_on_close(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
+        """Per-request state is dropped when a request ends, and everything on close."""
+        llm = LLM(target.model, config, tokenizer=target.tokenizer)
+        manager = llm.engine.resource_manager
+        llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=8))
+        llm.close()
+        assert manager.released and llm.engine.resource_manager is None
+        with pytest.raises(Exception, match="closed"):
+            llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=8))
+        del llm
+        gc.collect()

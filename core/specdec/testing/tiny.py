@@ -1,0 +1,70 @@
+"""Tiny random Llama models and a character-level tokenizer, built in-process (no downloads)."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+_CHARS = string.ascii_lowercase + " .,:!?\n"
+_SPECIAL = ["<pad>", "<s>", "</s>"]
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A real fast tokenizer over single characters: id 0 pad, 1 bos, 2 eos, then characters."""
+    vocab = {tok: i for i, tok in enumerate(_SPECIAL + list(_CHARS))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        chat_template=_CHAT_TEMPLATE,
+    )
+
+
+@dataclass
+class TinyTarget:
+    model: LlamaForCausalLM
+    tokenizer: Any
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]
+
+
+def make_tiny_target(seed: int = 0, sharpness: float = 4.0, num_layers: int = 2, hidden: int = 64) -> TinyTarget:
+    """A random fp32 Llama over the tiny tokenizer's vocabulary.
+
+    ``sharpness`` scales the output head so the next-token distributions are peaked, like a
+    trained model's, rather than near uniform.
+    """
+    tokenizer = tiny_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    model.generation_config.eos_token_id = 2
+    return TinyTarget(model, tokenizer)
