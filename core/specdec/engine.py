@@ -41,6 +41,19 @@ class Engine:
             self.resource_manager.release()
             self.resource_manager = None
 
+    @torch.inference_mode()
+    def warmup(self, prompt_len: int = 32) -> None:
+        """Run a forward of every width a step can use (1 .. max_draft_len + 1 tokens) once.
+
+        The first forward of a new shape pays one-time setup (CPU matmul primitives, CUDA
+        kernels); benchmarks call this so that cost is not timed.
+        """
+        cache = self.runner.new_cache()
+        self.runner.forward(cache, [0] * prompt_len, last_only=True)
+        for width in range(1, self.config.max_draft_len + 2):
+            self.runner.forward(cache, [0] * width)
+            self.runner.rollback(cache, width)
+
     def new_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         generator = None
         if not params.greedy and params.seed is not None:

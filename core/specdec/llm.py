@@ -126,6 +126,10 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         return self.generate(conversations, sampling_params, chat=True)
 
+    def warmup(self) -> None:
+        """Pay one-time kernel setup for every verify width now, not in the first timed request."""
+        self.engine.warmup()
+
     def get_metrics(self) -> RequestMetrics:
         """Speculation metrics aggregated over every request since creation or the last reset."""
         return aggregate(self._history)

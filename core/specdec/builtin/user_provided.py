@@ -26,7 +26,14 @@ class UserProvidedDecodingConfig(SpeculativeConfig):
     model_config = SpeculativeConfig.model_config | {"arbitrary_types_allowed": True}
 
     drafter: Any = Field(description="Object with prepare_draft_tokens(requests, resource_manager).", exclude=True)
-    resource_manager: ResourceManager | None = Field(default=None, exclude=True)
+    resource_manager: Any = Field(default=None, exclude=True, description="Optional ResourceManager for the drafter.")
+
+    @field_validator("resource_manager")
+    @classmethod
+    def _is_manager(cls, manager: Any) -> Any:
+        if manager is not None and not isinstance(manager, ResourceManager):
+            raise ValueError("must be a specdec.ResourceManager or None")
+        return manager
 
     @field_validator("drafter")
     @classmethod

@@ -1,0 +1,1 @@
+"""``specdec bench``: speculative vs plain decoding (and transformers' peer), interleaved, same model."""

@@ -1,0 +1,59 @@
+"""Spec-Bench-format prompt sets: jsonl rows with ``question_id``, ``category`` and ``turns``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from specdec.errors import ConfigError
+
+#: Prompt sets shipped with specdec (evaluation only: never train on them).
+BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/question.jsonl"}
+
+
+@dataclass
+class Question:
+    question_id: str
+    category: str
+    turns: list[str]
+
+
+def load_questions(dataset: str, categories: list[str] | None = None, per_category: int | None = None) -> list[Question]:
+    """Questions of ``dataset`` (a bundled name or a jsonl path), filtered and capped per category."""
+    if dataset in BUNDLED:
+        text = resources.files("specdec.data").joinpath(BUNDLED[dataset]).read_text()
+        source = dataset
+    else:
+        try:
+            text = Path(dataset).read_text()
+        except OSError as exc:
+            raise ConfigError(f"--dataset: cannot read {dataset!r} ({exc.strerror}); use spec_bench, humaneval or a jsonl file") from None
+        source = dataset
+    questions = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), list(row["turns"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"--dataset: {source} line {n} is not a Spec-Bench row ({type(exc).__name__}: {exc})") from None
+    if categories:
+        known = {q.category for q in questions}
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise ConfigError(f"--categories: unknown {', '.join(unknown)}; {source} has {', '.join(sorted(known))}")
+        questions = [q for q in questions if q.category in categories]
+    if per_category:
+        counts: dict[str, int] = {}
+        kept = []
+        for q in questions:
+            counts[q.category] = counts.get(q.category, 0) + 1
+            if counts[q.category] <= per_category:
+                kept.append(q)
+        questions = kept
+    if not questions:
+        raise ConfigError(f"--dataset: no prompts selected from {source}")
+    return questions

@@ -1,0 +1,102 @@
+"""Summaries of a benchmark: per category and overall, as a table, JSON and a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from specdec.bench.runner import HF, PLAIN, SPEC, TurnResult
+
+
+def _throughput(results: list[TurnResult], mode: str) -> float:
+    tokens = sum(len(r.runs[mode].tokens) for r in results)
+    seconds = sum(r.runs[mode].seconds for r in results)
+    return tokens / seconds if seconds else 0.0
+
+
+def _sum(results: list[TurnResult], name: str) -> float:
+    return sum(r.runs[SPEC].metrics[name] for r in results)
+
+
+def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
+    """Spec-Bench's speedup (throughput ratio over the group) and vLLM's acceptance metrics."""
+    plain, spec = _throughput(results, PLAIN), _throughput(results, SPEC)
+    drafts, draft_tokens = _sum(results, "num_drafts"), _sum(results, "num_draft_tokens")
+    accepted, steps = _sum(results, "num_accepted_tokens"), _sum(results, "num_steps")
+    decode = _sum(results, "time_decode")
+    summary: dict[str, Any] = {
+        "num_turns": len(results),
+        "speedup": spec / plain if plain else None,
+        "tokens_per_second": spec,
+        "plain_tokens_per_second": plain,
+        # Spec-Bench: tokens per target forward in decoding (accepted drafts + 1 per step).
+        "mean_accepted_tokens": (steps + accepted) / steps if steps else 1.0,
+        # vLLM: 1 + accepted / drafts, over steps that drafted.
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+        "overhead_fraction": (decode - _sum(results, "time_draft") - _sum(results, "time_forward")) / decode if decode else 0.0,
+        "outputs_match": (
+            sum(r.runs[SPEC].tokens == r.runs[PLAIN].tokens for r in results) / len(results) if greedy else None
+        ),
+    }
+    if results and HF in results[0].runs:
+        hf = _throughput(results, HF)
+        summary["hf_tokens_per_second"] = hf
+        summary["speedup_vs_hf"] = spec / hf if hf else None
+        summary["hf_speedup"] = hf / plain if plain else None
+    return summary
+
+
+def summarize(results: list[TurnResult], greedy: bool) -> dict[str, dict[str, Any]]:
+    categories = sorted({r.category for r in results})
+    out = {c: summarize_group([r for r in results if r.category == c], greedy) for c in categories}
+    out["overall"] = summarize_group(results, greedy)
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
+    has_hf = "speedup_vs_hf" in summary["overall"]
+    table = Table(title=title)
+    for col in ["category", "turns", "speedup", *(["vs hf", "hf speedup"] if has_hf else []),
+                "tok/s", "mean acc. tokens", "accept rate", "outputs match", "overhead"]:
+        table.add_column(col, justify="left" if col == "category" else "right")
+    for cat, s in summary.items():
+        row = [cat, str(s["num_turns"]), _fmt(s["speedup"], ".2f") + "x"]
+        if has_hf:
+            row += [_fmt(s.get("speedup_vs_hf"), ".2f") + "x", _fmt(s.get("hf_speedup"), ".2f") + "x"]
+        match = s["outputs_match"]
+        row += [_fmt(s["tokens_per_second"], ".1f"), _fmt(s["mean_accepted_tokens"], ".2f"),
+                _fmt(s["acceptance_rate"], ".1%"), "-" if match is None else f"{match:.0%}",
+                _fmt(s["overhead_fraction"], ".1%")]
+        table.add_row(*row, style="bold" if cat == "overall" else None)
+    return table
+
+
+def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = list(summary)
+    series = {"vs plain decoding": [summary[c]["speedup"] or 0 for c in cats]}
+    if "speedup_vs_hf" in summary["overall"]:
+        series["vs transformers' peer"] = [summary[c].get("speedup_vs_hf") or 0 for c in cats]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cats)), 4))
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right")
+    ax.set_ylabel("speedup (x)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

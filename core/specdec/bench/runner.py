@@ -1,0 +1,109 @@
+"""Run every prompt plainly, speculatively and (optionally) with transformers' peer, interleaved.
+
+All modes share one loaded model. Before timing, each mode runs once (warm-up). For multi-turn
+prompts every mode answers the same conversation: later turns carry the plain decoding's
+earlier answers, so each mode processes identical inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.bench.dataset import Question
+from specdec.llm import LLM
+from specdec.sampling import SamplingParams
+
+PLAIN, SPEC, HF = "plain", "spec", "hf"
+
+
+@dataclass
+class Run:
+    """One timed generation of one turn in one mode."""
+
+    mode: str
+    tokens: list[int]
+    seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TurnResult:
+    question_id: str
+    category: str
+    turn: int
+    runs: dict[str, Run]
+
+
+class HFPeer:
+    """transformers' own ``generate`` with the method's equivalent option."""
+
+    def __init__(self, llm: LLM, kwargs: dict[str, Any], params: SamplingParams) -> None:
+        self.model = llm.model
+        self.tokenizer = llm.tokenizer
+        self.kwargs = kwargs
+        sampling = {"do_sample": False} if params.greedy else {
+            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None
+        }
+        eos = sorted(llm.engine.stops.eos_token_ids)
+        self.base = {"pad_token_id": eos[0] if eos else None, "eos_token_id": eos or None, **sampling}
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_tokens: int) -> Run:
+        input_ids = torch.tensor([prompt_ids], device=self.model.device)
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens, **self.base, **self.kwargs
+        )
+        seconds = time.perf_counter() - start
+        return Run(HF, out[0, len(prompt_ids):].tolist(), seconds)
+
+
+def _run_llm(llm: LLM, mode: str, prompt_ids: list[int], params: SamplingParams) -> Run:
+    start = time.perf_counter()
+    out = llm.generate({"prompt_token_ids": prompt_ids}, params)[0]
+    seconds = time.perf_counter() - start
+    return Run(mode, out.token_ids, seconds, out.metrics.to_dict())
+
+
+def run_benchmark(
+    plain: LLM,
+    spec: LLM,
+    hf: HFPeer | None,
+    questions: list[Question],
+    params: SamplingParams,
+    max_turns: int,
+    on_turn: Callable[[TurnResult], None] | None = None,
+) -> list[TurnResult]:
+    runners: dict[str, Callable[[list[int]], Run]] = {
+        PLAIN: lambda ids: _run_llm(plain, PLAIN, ids, params),
+        SPEC: lambda ids: _run_llm(spec, SPEC, ids, params),
+    }
+    if hf is not None:
+        runners[HF] = lambda ids: hf.generate(ids, params.max_tokens)
+    spec.warmup()
+    warm = plain.encode(questions[0].turns[0], chat=True)
+    for run in runners.values():
+        run(warm[: max(len(warm) // 2, 1)])
+
+    results = []
+    order = list(runners)
+    for q in questions:
+        messages: list[dict[str, str]] = []
+        for turn, text in enumerate(q.turns[:max_turns]):
+            messages.append({"role": "user", "content": text})
+            prompt_ids = plain.encode(messages, chat=True)
+            runs = {mode: runners[mode](prompt_ids) for mode in order}
+            # Rotate which mode goes first so drift in machine speed does not favour one.
+            order = order[1:] + order[:1]
+            result = TurnResult(q.question_id, q.category, turn, runs)
+            results.append(result)
+            if on_turn:
+                on_turn(result)
+            answer = plain.tokenizer.decode(runs[PLAIN].tokens, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": answer})
+    return results

@@ -1,0 +1,94 @@
+"""``specdec bench``: Spec-Bench-style speedup, acceptance and output match, in one run."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import click
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specdec.bench.dataset import load_questions
+from specdec.bench.report import plot_summary, summarize, summary_table
+from specdec.bench.runner import HFPeer, TurnResult, run_benchmark
+from specdec.cli.common import build_config, method_options, model_options, quiet_transformers, sampling_options, sampling_params
+from specdec.errors import ConfigError
+from specdec.llm import LLM
+from specdec.plugins import get_registry
+
+BASELINES = {"none", "hf"}
+
+
+@click.command()
+@method_options
+@model_options
+@sampling_options
+@click.option("--dataset", default="spec_bench", show_default=True, help="spec_bench, humaneval or a Spec-Bench-format jsonl file.")
+@click.option("--categories", default=None, help="Comma-separated categories (default: all).")
+@click.option("--num-prompts", type=int, default=None, help="Prompts per category (default: all).")
+@click.option("--max-turns", type=int, default=2, show_default=True, help="Turns per prompt (mt_bench prompts have 2).")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
+def bench(config_file, method, max_draft_len, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
+          categories, num_prompts, max_turns, max_tokens, baseline, json_out) -> None:
+    """Benchmark a method against plain decoding on the same loaded model."""
+    config = build_config(config_file, method, max_draft_len, settings)
+    if config is None:
+        raise ConfigError("bench needs --config or --method")
+    baselines = {b.strip() for b in baseline.split(",") if b.strip()}
+    if baselines - BASELINES:
+        raise ConfigError(f"--baseline: unknown {', '.join(sorted(baselines - BASELINES))}; use none, hf")
+    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+    questions = load_questions(dataset, categories.split(",") if categories else None, num_prompts)
+    quiet_transformers()
+    console = Console()
+    with console.status("loading model"):
+        plain = LLM(model, None, dtype=dtype, device=device)
+        spec = LLM(plain.model, config, tokenizer=plain.tokenizer)
+    hf = None
+    if "hf" in baselines:
+        kwargs = get_registry().hook.specdec_hf_generate_kwargs(config=spec.speculative_config, target=spec.engine.target)
+        if kwargs is None:
+            console.print(f"[yellow]transformers has no equivalent of {spec.method!r}; skipping the hf baseline[/]")
+        else:
+            hf = HFPeer(plain, kwargs, params)
+    total = sum(min(len(q.turns), max_turns) for q in questions)
+    title = f"{spec.method} on {Path(str(plain.model.name_or_path)).name}, {plain.runner.dtype}, {dataset}"
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("benchmarking", total=total)
+
+        def advance(result: TurnResult) -> None:
+            progress.update(task, advance=1, description=f"{result.category} #{result.question_id}")
+
+        results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance)
+    summary = summarize(results, params.greedy)
+    console.print(summary_table(summary, title))
+    if json_out:
+        path = Path(json_out)
+        payload = {
+            "config": spec.speculative_config.model_dump(mode="json"),
+            "method": spec.method,
+            "model": str(plain.model.name_or_path),
+            "dtype": str(plain.runner.dtype),
+            "device": str(plain.runner.device),
+            "threads": torch.get_num_threads(),
+            "machine": platform.machine(),
+            "sampling": params.model_dump(),
+            "hf_kwargs": sorted(hf.kwargs) if hf else None,
+            "summary": summary,
+            "turns": [
+                {"question_id": r.question_id, "category": r.category, "turn": r.turn,
+                 "runs": {m: {"num_tokens": len(run.tokens), "seconds": run.seconds, "metrics": run.metrics} for m, run in r.runs.items()}}
+                for r in results
+            ],
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, default=str))
+        plot_summary(summary, path.with_suffix(".png"), title)
+        console.print(f"wrote {path} and {path.with_suffix('.png')}")
+    spec.close()

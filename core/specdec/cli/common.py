@@ -1,0 +1,77 @@
+"""Options shared by ``generate`` and ``bench``: model, dtype and the speculative config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import yaml
+from pydantic import ValidationError
+
+from specdec.config_loader import format_validation_error, load_config_file
+from specdec.errors import ConfigError
+from specdec.sampling import SamplingParams
+
+
+def model_options(func: Any) -> Any:
+    func = click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")(func)
+    func = click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+                        show_default=True, help="auto: bfloat16 where the hardware computes it natively.")(func)
+    func = click.option("--model", default=None, help="HF id or local dir (default: embedded SmolLM2-135M-Instruct).")(func)
+    return func
+
+
+def method_options(func: Any) -> Any:
+    func = click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Set a method option (repeatable).")(func)
+    func = click.option("--max-draft-len", type=int, default=None, help="Most draft tokens per step.")(func)
+    func = click.option("--method", default=None, help="Method name (see list-methods); 'none' decodes plainly.")(func)
+    func = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+                        help="YAML config (TensorRT-LLM or vLLM style).")(func)
+    return func
+
+
+def sampling_options(func: Any) -> Any:
+    func = click.option("--seed", type=int, default=None)(func)
+    func = click.option("--top-k", type=int, default=0, show_default=True)(func)
+    func = click.option("--top-p", type=float, default=1.0, show_default=True)(func)
+    func = click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")(func)
+    return func
+
+
+def build_config(config_file: str | None, method: str | None, max_draft_len: int | None, settings: tuple[str, ...]) -> Any:
+    """The speculative config the options describe (a dict or ``None``), validated later."""
+    if config_file and (method or max_draft_len is not None or settings):
+        raise ConfigError("--config cannot be combined with --method, --max-draft-len or --set")
+    if config_file:
+        return load_config_file(config_file)
+    if method is None:
+        if max_draft_len is not None or settings:
+            raise ConfigError("--max-draft-len and --set need --method")
+        return None
+    config: dict[str, Any] = {"decoding_type": method}
+    if max_draft_len is not None:
+        config["max_draft_len"] = max_draft_len
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            config[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            config[key.strip()] = value
+    return config
+
+
+def sampling_params(**fields: Any) -> SamplingParams:
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, "sampling")) from None
+
+
+def quiet_transformers() -> None:
+    """Hide transformers' own progress bars and advice; specdec shows its own progress."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
