@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec.plugins import reset_registry
 from specdec.testing import TinyTarget, make_tiny_target
@@ -16,6 +17,10 @@ from specdec.testing import TinyTarget, make_tiny_target
 TESTS_DIR = Path(__file__).resolve().parent
 PLUGIN_SOURCES = [TESTS_DIR / "example_plugin", TESTS_DIR / "broken_plugin"]
 PLUGIN_MODULES = ("specdec_echo_example", "specdec_broken_example")
+
+# The test models are tiny: one intra-op thread is as fast as two when the machine is idle, and
+# avoids OpenMP spin-waiting that slows them many times over when other processes share the CPUs.
+torch.set_num_threads(1)
 
 
 def _pip_install(sources: list[Path], target: Path) -> None:

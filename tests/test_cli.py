@@ -1,0 +1,128 @@
+"""The `specdec` command line, run as a real subprocess against a tiny model saved to disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specdec.cli.main import main
+from specdec.testing import make_tiny_target
+
+
+def specdec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specdec.cli.main", *args],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny")
+    target = make_tiny_target()
+    target.model.save_pretrained(path)
+    target.tokenizer.save_pretrained(path)
+    return path
+
+
+def test_list_methods_json_has_required_fields() -> None:
+    """`list-methods --json` lists the core methods and the n-gram plugin with their distributions."""
+    result = specdec("list-methods", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert {"none", "user_provided", "ngram"} <= set(rows)
+    for row in rows.values():
+        assert {"name", "aliases", "distribution", "version"} <= set(row)
+    assert rows["ngram"]["distribution"] == "specdec-plugin-ngram"
+    assert "max_matching_ngram_size" in rows["ngram"]["options"]
+
+
+def test_generate_json_lines(tiny_dir: Path) -> None:
+    """`generate --json` prints one object per prompt with text, token ids and the metrics."""
+    result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram",
+                     "--max-draft-len", "3", "--set", "prompt_lookup_max=2", "--no-chat", "--max-tokens", "20",
+                     "--json", "hello world, hello", "abc abc ab")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert len(line["token_ids"]) == 20 and isinstance(line["text"], str)
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "mean_acceptance_length",
+                    "acceptance_rate", "tokens_per_second"):
+            assert key in line["metrics"]
+
+
+def test_generate_compare_matches_plain(tiny_dir: Path) -> None:
+    """`generate --compare` reports a speedup measured against plain decoding and the same tokens."""
+    result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--compare",
+                     "--no-chat", "--max-tokens", "30", "--json", "hello world, hello")
+    assert result.returncode == 0, result.stderr
+    line = json.loads(result.stdout)
+    assert line["speedup"] > 0 and line["matches_plain"] is True
+
+
+def test_generate_from_trtllm_yaml(tiny_dir: Path, tmp_path: Path) -> None:
+    """A TensorRT-LLM style YAML file configures the method."""
+    config = tmp_path / "spec.yaml"
+    config.write_text("speculative_config:\n  decoding_type: NGram\n  max_draft_len: 2\n  max_matching_ngram_size: 2\n")
+    result = specdec("generate", "--model", str(tiny_dir), "--config", str(config), "--no-chat",
+                     "--max-tokens", "10", "--json", "hello hello")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["method"] == "ngram"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "--method", "nosuch", "x"], "installed: "),
+        (["generate", "--method", "ngram", "--max-draft-len", "0", "x"], "max_draft_len"),
+        (["generate", "--method", "ngram", "--set", "is_keep_al=1", "x"], "is_keep_al"),
+        (["generate", "--temperature", "-1", "x"], "temperature"),
+        (["generate", "--config", "/nonexistent.yaml", "x"], "/nonexistent.yaml"),
+        (["generate", "--model", "/nonexistent-model", "x"], "/nonexistent-model"),
+        (["bench", "--method", "ngram", "--baseline", "vllm"], "--baseline"),
+        (["bench", "--method", "ngram", "--categories", "poetry"], "poetry"),
+        (["nosuchcommand"], "nosuchcommand"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input gives exit code 2 and a one-line error naming the problem, never a traceback.
+
+    Runs the CLI's entry function in-process (a subprocess per case would only add start-up time).
+    """
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+
+
+def test_bad_input_from_a_real_process() -> None:
+    """The installed entry point turns a bad config into exit code 2 and one line, no traceback."""
+    result = specdec("generate", "--method", "nosuch", "x")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error: unknown speculative method 'nosuch'; installed: ")
+
+
+def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> None:
+    """`bench` runs plain, speculative and transformers' peer, and writes the summary and a plot."""
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"question_id": i, "category": cat, "turns": [text, "again"]}
+            for i, (cat, text) in enumerate([("a", "hello world, hello"), ("b", "abc abc ab"), ("b", "one two one")])]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "bench.json"
+    result = specdec("bench", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--dataset", str(data),
+                     "--max-tokens", "16", "--baseline", "none,hf", "--json", str(out))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {"a", "b", "overall"}
+    for key in ("speedup", "speedup_vs_hf", "mean_accepted_tokens", "acceptance_rate", "outputs_match"):
+        assert summary["overall"][key] is not None
+    assert summary["overall"]["outputs_match"] == 1.0
+    assert summary["b"]["num_turns"] == 4
+    assert out.with_suffix(".png").stat().st_size > 0
