@@ -45,4 +45,6 @@ class PlainDecodingConfig(SpeculativeConfig):
     """No speculation: one target forward per token. The baseline every method is measured against."""
 
     method_name: ClassVar[str] = "none"
-    max_draft_len: int = Field(default=0, ge=0, le=0)
+    max_draft_len: int = Field(
+        default=0, ge=0, le=0, validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens")
+    )

@@ -57,12 +57,19 @@ def parse_speculative_config(
     if value is None:
         return PlainDecodingConfig()
     if isinstance(value, SpeculativeConfig):
-        registry.method_for_config(value)
+        info = registry.method_for_config(value)
+        if value.decoding_type is not None and registry.lookup(value.decoding_type).name != info.name:
+            raise ConfigError(
+                f"speculative_config.decoding_type: {value.decoding_type!r} does not match "
+                f"{type(value).__name__} (method {info.name!r})"
+            )
         return value
     if isinstance(value, (str, Path)):
-        if str(value).lower() == "none":
-            return PlainDecodingConfig()
-        value = load_config_file(value)
+        # A string names a method ("ngram") unless it is a file.
+        if not Path(value).is_file() and isinstance(value, str):
+            value = {"decoding_type": value}
+        else:
+            value = load_config_file(value)
     if not isinstance(value, dict):
         raise ConfigError(f"speculative_config must be a config object, a mapping or a file, not {type(value).__name__}")
     if "speculative_config" in value:

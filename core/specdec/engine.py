@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.errors import PluginError
+from specdec.errors import PluginError, SpecdecError
 from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request
 from specdec.resources import TargetContext
@@ -28,7 +28,7 @@ class Engine:
         self.method = registry.method_for_config(config)
         self.hook = registry.hook
         self.target = TargetContext(runner, tokenizer, runner.device, runner.dtype)
-        self.stops = StopChecker(tokenizer, eos_token_ids(runner.model, tokenizer))
+        self.stops = StopChecker(tokenizer, eos_token_ids(runner.model, tokenizer), runner.max_length)
         self._sync = torch.cuda.synchronize if runner.device.type == "cuda" else None
         try:
             self.resource_manager = self.hook.specdec_resource_manager(config=config, target=self.target)
@@ -66,7 +66,7 @@ class Engine:
     def run(self, request: Request) -> Request:
         """Generate until ``request`` finishes; returns it with tokens, finish reason and metrics."""
         if self.resource_manager is None:
-            raise PluginError("this LLM has been closed")
+            raise SpecdecError("this LLM has been closed")
         if not request.token_ids:
             raise ValueError("prompt is empty")
         metrics = request.metrics

@@ -9,8 +9,8 @@ Hooks are grouped by lifecycle phase: registration once per process, resources o
 Every per-method hook receives the active ``config`` (an instance of a
 :class:`~specdec.config.SpeculativeConfig` subclass). An implementation that does not own that
 config returns ``None`` (``firstresult`` hooks) or does nothing, so one process can host many
-methods. The core's own defaults are registered with ``trylast=True``; a plugin overrides a
-default simply by returning a result for its config.
+methods. The core's default ``verify`` and ``resource_manager`` are registered with
+``trylast=True``; a plugin overrides them simply by returning a result for its config.
 
 Per-step hooks take *lists* of requests: the engine may run several requests in one step, and a
 method must treat each request independently (its own drafts, its own acceptance).

@@ -4,8 +4,8 @@
 - mean acceptance length = 1 + accepted tokens / drafts (tokens gained per drafting step)
 - per-position acceptance rate = accepted at position i / drafts
 
-Time is split into drafting, the target forward, verification, and everything else the engine
-does per step (``time_overhead``), so the engine's own cost is visible.
+Decode time is split into drafting, the target forward and the rest (``time_overhead``:
+verification, KV rollback, stop checks, hook dispatch), so the engine's own cost is visible.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class RequestMetrics:
 
     @property
     def time_overhead(self) -> float:
-        """Decode time spent outside drafting, the target forward and verification."""
-        return max(self.time_decode - self.time_draft - self.time_forward - self.time_verify, 0.0)
+        """Decode time spent outside drafting and the target forward (verification included)."""
+        return max(self.time_decode - self.time_draft - self.time_forward, 0.0)
 
     @property
     def tokens_per_second(self) -> float:

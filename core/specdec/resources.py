@@ -33,8 +33,9 @@ class TargetContext:
 class ResourceManager:
     """Per-session state of a method. Subclass it; every method here is optional.
 
-    The engine calls ``add_request`` when a request starts (its prompt is in
-    ``request.token_ids``), ``free_request`` when it finishes, and ``release`` once when the
+    The engine calls ``add_request`` after a request's prefill (``request.token_ids`` holds the
+    prompt and the first generated token; the request may already be finished), ``free_request``
+    when it finishes, and ``release`` once when the
     ``LLM`` closes. After ``release`` the manager holds no tensors or models.
     """
 

@@ -9,9 +9,10 @@ from specdec.requests import Request
 
 
 class StopChecker:
-    def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
+    def __init__(self, tokenizer: Any, eos_token_ids: set[int], max_length: int) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self.max_length = max_length
 
     def check(self, request: Request) -> str | None:
         """The finish reason if ``request``'s newest token ends it: ``stop`` or ``length``."""
@@ -21,7 +22,7 @@ class StopChecker:
             return "stop"
         if params.stop and self.tokenizer is not None and self._stop_string_in_tail(request):
             return "stop"
-        if request.num_output_tokens >= params.max_tokens:
+        if request.num_output_tokens >= params.max_tokens or len(request.token_ids) >= self.max_length:
             return "length"
         return None
 

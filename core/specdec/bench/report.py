@@ -36,7 +36,7 @@ def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
         # vLLM: 1 + accepted / drafts, over steps that drafted.
         "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
         "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-        "overhead_fraction": (decode - _sum(results, "time_draft") - _sum(results, "time_forward")) / decode if decode else 0.0,
+        "overhead_fraction": _sum(results, "time_overhead") / decode if decode else 0.0,
         "outputs_match": (
             sum(r.runs[SPEC].tokens == r.runs[PLAIN].tokens for r in results) / len(results) if greedy else None
         ),
