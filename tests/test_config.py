@@ -219,3 +219,25 @@ def test_json_file_parses(tmp_path, registry):
     path = tmp_path / "spec.json"
     path.write_text('{"method": "ngram", "num_speculative_tokens": 2}')
     assert parse_speculative_config(path, registry).max_draft_len == 2
+
+
+@pytest.mark.parametrize(("value", "method"), [("NGram", "ngram"), ("prompt-lookup", "ngram"), ("none", "none"), ("Plain", "none")])
+def test_string_names_a_method(value, method, registry):
+    """A string that is not a file names a method (any alias, any spelling)."""
+    config = parse_speculative_config(value, registry)
+    assert registry.method_for_config(config).name == method
+    assert config.decoding_type == method
+
+
+def test_unknown_method_string_lists_installed(registry):
+    """A string naming no method (and no file) is an UnknownMethodError listing the methods."""
+    with pytest.raises(UnknownMethodError, match=r"unknown speculative method 'medusa9'; installed: .*ngram"):
+        parse_speculative_config("medusa9", registry)
+
+
+def test_config_object_with_mismatched_decoding_type(registry):
+    """A config object whose ``decoding_type`` names another method is refused, naming the field;
+    a matching alias is fine."""
+    assert parse_speculative_config(NGramDecodingConfig(decoding_type="Prompt_Lookup"), registry).max_draft_len == 4
+    with pytest.raises(ConfigError, match=r"^speculative_config\.decoding_type: 'none' does not match NGramDecodingConfig"):
+        parse_speculative_config(NGramDecodingConfig(decoding_type="none"), registry)

@@ -258,6 +258,33 @@ def test_name_clash_is_a_clear_plugin_error(name, aliases, taken, owner):
     assert "my_method" not in registry.method_names()
 
 
+class _OtherConfig(SpeculativeConfig):
+    pass
+
+
+class _HalfClashingPlugin:
+    """Declares a fresh method, then one whose alias is taken."""
+
+    @hookimpl
+    def specdec_register_methods(self, register):
+        register("half_clash_fresh", InProcessConfig)
+        register("half_clash_other", _OtherConfig, aliases=("plain",))
+
+
+def test_failed_registration_leaves_nothing_behind():
+    """A plugin whose method registration fails is not left half-registered: neither its hooks
+    nor the methods it declared before the failing one remain."""
+    registry = get_registry()
+    try:
+        with pytest.raises(PluginError, match="'plain' is already taken"):
+            registry.register_plugin(_HalfClashingPlugin(), name="half-clash-test")
+        assert not registry.manager.has_plugin("half-clash-test")
+        assert "half_clash_fresh" not in registry.method_names()
+    finally:
+        if registry.manager.has_plugin("half-clash-test"):
+            registry.unregister_plugin("half-clash-test")
+
+
 def test_installed_plugin_name_clash(installed_plugins, fresh_registry):
     """An in-process plugin cannot take the installed echo plugin's alias either."""
     registry = get_registry()

@@ -6,7 +6,10 @@ on Spec-Bench prompts while actually accepting drafts, and sampled output follow
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from specdec import LLM, SamplingParams
 from specdec.bench.dataset import load_questions
@@ -17,7 +20,11 @@ pytestmark = pytest.mark.real_model
 
 @pytest.fixture(scope="module")
 def plain() -> LLM:
-    return LLM(None, None, dtype="float32")
+    # conftest pins one thread for the tiny models; the real model uses every core.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    yield LLM(None, None, dtype="float32")
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _looks_like_file(value: str | Path) -> bool:
+    """A string names a method (``"ngram"``) unless it is a path or has a config file suffix."""
+    text = str(value)
+    return isinstance(value, Path) or "/" in text or "\\" in text or text.endswith((".yaml", ".yml", ".json"))
+
+
 def parse_speculative_config(
     value: SpeculativeConfig | dict[str, Any] | str | Path | None,
     registry: PluginRegistry | None = None,
@@ -65,11 +71,10 @@ def parse_speculative_config(
             )
         return value
     if isinstance(value, (str, Path)):
-        # A string names a method ("ngram") unless it is a file.
-        if not Path(value).is_file() and isinstance(value, str):
-            value = {"decoding_type": value}
-        else:
+        if _looks_like_file(value):
             value = load_config_file(value)
+        else:
+            value = {"decoding_type": value}
     if not isinstance(value, dict):
         raise ConfigError(f"speculative_config must be a config object, a mapping or a file, not {type(value).__name__}")
     if "speculative_config" in value:

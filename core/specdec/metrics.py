@@ -4,6 +4,9 @@
 - mean acceptance length = 1 + accepted tokens / drafts (tokens gained per drafting step)
 - per-position acceptance rate = accepted at position i / drafts
 
+As in vLLM, a draft counts as accepted when verification keeps it, even if a stop condition
+then ends the output before it.
+
 Decode time is split into drafting, the target forward and the rest (``time_overhead``:
 verification, KV rollback, stop checks, hook dispatch), so the engine's own cost is visible.
 """

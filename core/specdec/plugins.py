@@ -90,16 +90,21 @@ class PluginRegistry:
 
     def register_plugin(self, plugin: object, name: str | None = None) -> None:
         """Register an in-process plugin (a module or object with hookimpls) and its methods."""
-        plugin_name = self.manager.register(plugin, name=name)
-        self.manager.check_pending()
-        self._collect(plugin, plugin_name or "", distribution=None, version=None)
+        plugin_name = self.manager.register(plugin, name=name) or ""
+        try:
+            self.manager.check_pending()
+            self._collect(plugin, plugin_name, distribution=None, version=None)
+        except Exception:
+            self.unregister_plugin(plugin_name)
+            raise
 
     def unregister_plugin(self, name: str) -> None:
-        plugin = self.manager.unregister(name=name)
+        """Remove a plugin and every method it declared."""
+        if self.manager.has_plugin(name):
+            self.manager.unregister(name=name)
         for method in [m for m in self.methods.values() if m.plugin == name]:
             del self.methods[method.name]
         self._names = {k: v for k, v in self._names.items() if v in self.methods}
-        del plugin
 
     def _collect(self, plugin: object, plugin_name: str, distribution: str | None, version: str | None) -> None:
         impl = getattr(plugin, "specdec_register_methods", None)
@@ -157,8 +162,7 @@ def load_plugins() -> PluginRegistry:
             manager.check_pending()
             registry._collect(plugin, f"entrypoint:{ep.name}", dist, version)
         except Exception as exc:  # a broken plugin must not take the others down
-            if manager.has_plugin(f"entrypoint:{ep.name}"):
-                manager.unregister(name=f"entrypoint:{ep.name}")
+            registry.unregister_plugin(f"entrypoint:{ep.name}")
             registry.broken.append(
                 BrokenPlugin(ep.name, dist, version, f"{type(exc).__name__}: {exc}", traceback.format_exc())
             )
