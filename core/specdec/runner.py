@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.kv_cache import new_kv_cache
+
 
 @dataclass
 class RunnerOutput:
@@ -38,7 +40,7 @@ class ModelRunner:
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+        return new_kv_cache(self.model.config)
 
     @torch.inference_mode()
     def forward(
