@@ -78,3 +78,29 @@ class ModelRunner:
     @staticmethod
     def cache_length(cache: DynamicCache) -> int:
         return cache.get_seq_length()
+
+
+def tree_attention(
+    parents: list[int], cache_length: int, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``position_ids`` and a 4-D additive attention mask to verify a draft tree in one forward.
+
+    The tree's tokens are laid out flat; ``parents[i]`` is the index of node ``i``'s parent in that
+    layout (``-1`` for a child of the last committed token). Each node sits at
+    ``cache_length + depth`` and attends to the whole cache and to its own ancestors only, so
+    its logits equal those of a chain forward along its path.
+    """
+    n = len(parents)
+    depth = [0] * n
+    allowed = torch.zeros(n, cache_length + n, dtype=torch.bool)
+    allowed[:, :cache_length] = True
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"parents[{i}] = {parent}: a parent must come before its child")
+        if parent >= 0:
+            depth[i] = depth[parent] + 1
+            allowed[i] = allowed[parent]
+        allowed[i, cache_length + i] = True
+    position_ids = torch.tensor([[cache_length + d for d in depth]], device=device)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return position_ids, mask[None, None].to(device)
