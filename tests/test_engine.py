@@ -59,7 +59,9 @@ def repeating_prompts(tiny, plain):
 
 def _oracle(tiny, prompt, output, **kw) -> LLM:
     drafter = OracleDrafter(prompt + output.token_ids, **kw)
-    return LLM(tiny.model, UserProvidedDecodingConfig(drafter=drafter, max_draft_len=8), tokenizer=tiny.tokenizer)
+    # Fixed draft length: these tests count on all 8 drafts being verified every step.
+    config = UserProvidedDecodingConfig(drafter=drafter, max_draft_len=8, adaptive_draft_len=False)
+    return LLM(tiny.model, config, tokenizer=tiny.tokenizer)
 
 
 # -- plain decoding is right to begin with -----------------------------------------------------------

@@ -36,6 +36,15 @@ class SpeculativeConfig(BaseModel):
         description="Draft model or head: a Hugging Face id or a local directory.",
     )
 
+    adaptive_draft_len: bool = Field(
+        default=True,
+        description=(
+            "Cut each proposal to the length with the most expected tokens per unit of verify cost, "
+            "from the target's measured forward cost by width and the request's recent acceptance "
+            "(0 drafts when speculating would not pay)."
+        ),
+    )
+
     def model_post_init(self, context: Any) -> None:
         if self.decoding_type is None and self.method_name:
             object.__setattr__(self, "decoding_type", self.method_name)

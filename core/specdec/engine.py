@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
+from specdec.draft_policy import ForwardCost
 from specdec.errors import PluginError, SpecdecError
 from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request
@@ -35,6 +36,8 @@ class Engine:
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         self._next_id = 0
+        self._adaptive = config.adaptive_draft_len and config.max_draft_len > 0
+        self.forward_cost: ForwardCost | None = None
 
     def close(self) -> None:
         if self.resource_manager is not None:
@@ -53,6 +56,11 @@ class Engine:
         for width in range(1, self.config.max_draft_len + 2):
             self.runner.forward(cache, [0] * width)
             self.runner.rollback(cache, width)
+        self._measure_cost()
+
+    def _measure_cost(self) -> None:
+        if self._adaptive and self.forward_cost is None:
+            self.forward_cost = ForwardCost.measure(self.runner, self.config.max_draft_len + 1)
 
     def new_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         generator = None
@@ -69,6 +77,7 @@ class Engine:
             raise SpecdecError("this LLM has been closed")
         if not request.token_ids:
             raise ValueError("prompt is empty")
+        self._measure_cost()
         metrics = request.metrics
         runner, config, hook = self.runner, self.config, self.hook
         start = time.perf_counter()
@@ -90,6 +99,8 @@ class Engine:
                 request.max_draft_len = max(budget, 0)
                 proposals = self._draft(requests)
                 proposal = proposals[0]
+                if self.forward_cost is not None and len(proposal):
+                    proposal = proposals[0] = self._pay_off(request, proposal)
                 drafted = time.perf_counter()
                 output = runner.forward(cache, [request.token_ids[-1], *proposal.token_ids])
                 if self._sync:
@@ -100,6 +111,7 @@ class Engine:
                 runner.rollback(cache, len(proposal) - result.num_accepted)
                 verified = time.perf_counter()
                 metrics.record_step(len(proposal), result.num_accepted)
+                request.acceptance.update(len(proposal), result.num_accepted)
                 self._append(request, result.emitted(proposal))
                 hook.specdec_accept(config=config, requests=requests, results=[result], resource_manager=self.resource_manager)
                 metrics.time_draft += drafted - step_start
@@ -119,9 +131,17 @@ class Engine:
             raise PluginError(f"method {self.method.name!r} returned no draft proposal for this step")
         for i, (request, proposal) in enumerate(zip(requests, proposals)):
             if len(proposal) > request.max_draft_len:
-                probs = proposal.probs[: request.max_draft_len] if proposal.probs is not None else None
-                proposals[i] = DraftProposal(proposal.token_ids[: request.max_draft_len], probs)
+                proposals[i] = _truncate(proposal, request.max_draft_len)
         return proposals
+
+    def _pay_off(self, request: Request, proposal: DraftProposal) -> DraftProposal:
+        """Keep only as many drafts as pay for their verification cost."""
+        keep = self.forward_cost.best_length(request.acceptance, len(proposal))
+        if keep == len(proposal):
+            return proposal
+        if keep == 0:
+            request.acceptance.relax()
+        return _truncate(proposal, keep)
 
     def _pick(self, logits: torch.Tensor, request: Request) -> int:
         if request.params.greedy:
@@ -141,3 +161,8 @@ class Engine:
 
     def final_text(self, request: Request) -> str:
         return self.stops.final_text(request)
+
+
+def _truncate(proposal: DraftProposal, length: int) -> DraftProposal:
+    probs = proposal.probs[:length] if proposal.probs is not None else None
+    return DraftProposal(proposal.token_ids[:length], probs)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from specdec.draft_policy import AcceptanceEstimate
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
 
@@ -27,6 +28,8 @@ class Request:
     #: Draft budget for the current step, set by the engine before drafting.
     max_draft_len: int = 0
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    #: Running per-position acceptance of this request's drafts (drives adaptive draft length).
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     finished: bool = False
     finish_reason: str | None = None
     #: Free slot for a method's per-request state (the engine never touches it).
