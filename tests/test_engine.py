@@ -314,3 +314,11 @@ def test_runner_rollback_then_forward_matches_fresh_forward(tiny):
     wrong_cache = runner.new_cache()
     runner.forward(wrong_cache, prompt + drafts)
     assert not torch.allclose(runner.forward(wrong_cache, more).logits, fresh.logits[-len(more) :], atol=1e-4)
+
+
+def test_empty_or_oversized_prompt_is_a_clear_error(tiny, plain):
+    """An empty prompt, or one longer than the model's context, is refused naming the prompt."""
+    with pytest.raises(ConfigError, match="prompt: empty"):
+        plain.generate({"prompt_token_ids": []})
+    with pytest.raises(ConfigError, match="do not fit the model's context"):
+        plain.generate({"prompt_token_ids": [5] * (plain.runner.max_length + 1)})

@@ -13,7 +13,7 @@ import torch
 
 from specdec.config import SpeculativeConfig
 from specdec.draft_policy import ForwardCost
-from specdec.errors import PluginError, SpecdecError
+from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request
 from specdec.resources import TargetContext
@@ -76,7 +76,11 @@ class Engine:
         if self.resource_manager is None:
             raise SpecdecError("this LLM has been closed")
         if not request.token_ids:
-            raise ValueError("prompt is empty")
+            raise ConfigError("prompt: empty (it must hold at least one token)")
+        if len(request.token_ids) >= self.runner.max_length:
+            raise ConfigError(
+                f"prompt: {len(request.token_ids)} tokens do not fit the model's context of {self.runner.max_length}"
+            )
         self._measure_cost()
         metrics = request.metrics
         runner, config, hook = self.runner, self.config, self.hook
