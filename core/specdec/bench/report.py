@@ -88,7 +88,7 @@ def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> 
     series = {"vs plain decoding": [summary[c]["speedup"] or 0 for c in cats]}
     if "speedup_vs_hf" in summary["overall"]:
         series["vs transformers' peer"] = [summary[c].get("speedup_vs_hf") or 0 for c in cats]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cats)), 4))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cats)) + 2.5, 4))
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
         ax.bar([x + i * width for x in range(len(cats))], values, width, label=label)
@@ -96,7 +96,7 @@ def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> 
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right")
     ax.set_ylabel("speedup (x)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
