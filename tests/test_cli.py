@@ -126,3 +126,18 @@ def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> N
     assert summary["overall"]["outputs_match"] == 1.0
     assert summary["b"]["num_turns"] == 4
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_list_methods_reports_installed_and_broken_plugins(installed_plugins: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pip-installed plugin is listed with its distribution and version; a plugin that fails to
+    import is listed with its error, and the command still succeeds."""
+    assert main(["list-methods", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    assert (rows["echo"]["distribution"], rows["echo"]["version"], rows["echo"]["status"]) == (
+        "specdec-plugin-echo-example", "0.3.0", "ok")
+    assert rows["broken"]["status"] == "error" and "ModuleNotFoundError" in rows["broken"]["error"]
+    assert rows["ngram"]["status"] == "ok"
+    assert main(["list-methods"]) == 0
+    table = capsys.readouterr().out
+    # The table wraps long cells at word boundaries on an 80-column capture.
+    assert "failed" in table and "broken" in table and "echo" in table
