@@ -10,7 +10,8 @@ PYTHON="${PYTHON:-python3}"
 # pip's own exit status counts; only its noise about local index paths is filtered out.
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 
-# A bare `torch` pulls a several-GB CUDA build; this exact version is a CPU build.
+# A bare `torch` pulls a several-GB CUDA build; this exact version is a CPU build on the
+# project's machines, where pip finds a local CPU wheel of it.
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0"
 plugins=()
 for dir in plugins/*/; do plugins+=(-e "$dir"); done

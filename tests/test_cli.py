@@ -88,6 +88,10 @@ def test_generate_from_trtllm_yaml(tiny_dir: Path, tmp_path: Path) -> None:
         (["bench", "--method", "ngram", "--baseline", "vllm"], "--baseline"),
         (["bench", "--method", "ngram", "--categories", "poetry"], "poetry"),
         (["nosuchcommand"], "nosuchcommand"),
+        (["generate", "--stop", "", "x"], "stop"),
+        (["generate", "--method", "ngram", "--set", "method=1", "x"], "method"),
+        (["generate", "--device", "tpu9", "x"], "device"),
+        (["bench", "--method", "ngram", "--max-turns", "0"], "--max-turns"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from specdec_ngram import NGramDecodingConfig
 
-from specdec import LLM, ConfigError, DraftProposal, SamplingParams, UserProvidedDecodingConfig
+from specdec import LLM, ConfigError, DraftProposal, PluginError, SamplingParams, UserProvidedDecodingConfig
 from specdec.runner import ModelRunner
 from specdec.testing import make_tiny_target, tiny_tokenizer
 
@@ -322,3 +322,22 @@ def test_empty_or_oversized_prompt_is_a_clear_error(tiny, plain):
         plain.generate({"prompt_token_ids": []})
     with pytest.raises(ConfigError, match="do not fit the model's context"):
         plain.generate({"prompt_token_ids": [5] * (plain.runner.max_length + 1)})
+
+
+class _BadDrafter:
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def prepare_draft_tokens(self, requests, resource_manager):
+        return [[self.token] for _ in requests]
+
+
+def test_out_of_vocabulary_drafts_are_a_plugin_error(tiny):
+    """A drafter proposing a token id outside the vocabulary is stopped with a PluginError that
+    names the method, not an IndexError from inside the model."""
+    config = UserProvidedDecodingConfig(drafter=_BadDrafter(10_000), max_draft_len=2)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        with pytest.raises(PluginError, match="user_provided.*outside"):
+            llm.generate("hello", SamplingParams(max_tokens=4))
+    with pytest.raises(ConfigError, match="prompt: token ids"):
+        LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": [10_000]})

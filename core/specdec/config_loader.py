@@ -41,6 +41,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -85,6 +87,9 @@ def parse_speculative_config(
             raise ConfigError("speculative_config must be a mapping")
     data = dict(value)
     names = [k for k in _METHOD_KEYS if data.get(k) is not None]
+    for key in names:
+        if not isinstance(data[key], str):
+            raise ConfigError(f"speculative_config.{key}: must be a method name, got {data[key]!r}")
     if not names:
         raise ConfigError(
             "speculative_config.decoding_type: missing (name a method: "
@@ -92,7 +97,7 @@ def parse_speculative_config(
         )
     if len(names) == 2 and registry.lookup(data["decoding_type"]).name != registry.lookup(data["method"]).name:
         raise ConfigError("speculative_config: `decoding_type` and `method` name different methods")
-    requested = str(data.pop(names[0]))
+    requested = data.pop(names[0])
     data.pop("method", None)
     data.pop("decoding_type", None)
     info = registry.lookup(requested)

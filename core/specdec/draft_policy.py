@@ -12,6 +12,7 @@ once position ``i`` is reached (``alpha[i]``); the expected number of tokens a s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specdec.runner import ModelRunner
@@ -61,7 +62,15 @@ class ForwardCost:
         self.relative = relative
 
     @classmethod
-    def measure(cls, runner: ModelRunner, max_width: int, context: int = 256, repeats: int = 5) -> ForwardCost:
+    def measure(
+        cls,
+        runner: ModelRunner,
+        max_width: int,
+        context: int = 256,
+        repeats: int = 5,
+        sync: Callable[[], None] | None = None,
+    ) -> ForwardCost:
+        """Time forwards of every width; ``sync`` waits for the device (CUDA) before reading the clock."""
         cache = runner.new_cache()
         runner.forward(cache, [0] * context, last_only=True)
         timings = []
@@ -72,6 +81,8 @@ class ForwardCost:
             for _ in range(repeats):
                 start = time.perf_counter()
                 runner.forward(cache, [0] * width)
+                if sync:
+                    sync()
                 samples.append(time.perf_counter() - start)
                 runner.rollback(cache, width)
             # The fastest run is the one least disturbed by the rest of the machine.

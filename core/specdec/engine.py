@@ -15,7 +15,7 @@ from specdec.config import SpeculativeConfig
 from specdec.draft_policy import ForwardCost
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.plugins import PluginRegistry
-from specdec.requests import DraftProposal, Request
+from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import TargetContext
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, logits_to_probs, sample
@@ -45,22 +45,25 @@ class Engine:
             self.resource_manager = None
 
     @torch.inference_mode()
-    def warmup(self, prompt_len: int = 32) -> None:
+    def warmup(self) -> None:
         """Run a forward of every width a step can use (1 .. max_draft_len + 1 tokens) once.
 
         The first forward of a new shape pays one-time setup (CPU matmul primitives, CUDA
-        kernels); benchmarks call this so that cost is not timed.
+        kernels); benchmarks call this so that cost is not timed. With the adaptive draft length
+        on, measuring the forward cost does exactly that.
         """
+        if self._adaptive:
+            self._measure_cost()
+            return
         cache = self.runner.new_cache()
-        self.runner.forward(cache, [0] * prompt_len, last_only=True)
+        self.runner.forward(cache, [0] * 32, last_only=True)
         for width in range(1, self.config.max_draft_len + 2):
             self.runner.forward(cache, [0] * width)
             self.runner.rollback(cache, width)
-        self._measure_cost()
 
     def _measure_cost(self) -> None:
         if self._adaptive and self.forward_cost is None:
-            self.forward_cost = ForwardCost.measure(self.runner, self.config.max_draft_len + 1)
+            self.forward_cost = ForwardCost.measure(self.runner, self.config.max_draft_len + 1, sync=self._sync)
 
     def new_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         generator = None
@@ -77,6 +80,8 @@ class Engine:
             raise SpecdecError("this LLM has been closed")
         if not request.token_ids:
             raise ConfigError("prompt: empty (it must hold at least one token)")
+        if not all(0 <= t < self.runner.vocab_size for t in request.token_ids):
+            raise ConfigError(f"prompt: token ids must lie in [0, {self.runner.vocab_size})")
         if len(request.token_ids) >= self.runner.max_length:
             raise ConfigError(
                 f"prompt: {len(request.token_ids)} tokens do not fit the model's context of {self.runner.max_length}"
@@ -111,7 +116,7 @@ class Engine:
                     self._sync()
                 forwarded = time.perf_counter()
                 request.target_output = output
-                result = hook.specdec_verify(config=config, requests=requests, proposals=proposals, target_logits=[output.logits])[0]
+                result = self._verify(requests, proposals, [output.logits])
                 runner.rollback(cache, len(proposal) - result.num_accepted)
                 verified = time.perf_counter()
                 metrics.record_step(len(proposal), result.num_accepted)
@@ -133,10 +138,26 @@ class Engine:
         )
         if proposals is None or len(proposals) != len(requests):
             raise PluginError(f"method {self.method.name!r} returned no draft proposal for this step")
+        vocab = self.runner.vocab_size
         for i, (request, proposal) in enumerate(zip(requests, proposals)):
+            proposal.token_ids = [int(t) for t in proposal.token_ids]
+            if not all(0 <= t < vocab for t in proposal.token_ids):
+                raise PluginError(f"method {self.method.name!r} drafted a token id outside [0, {vocab})")
             if len(proposal) > request.max_draft_len:
                 proposals[i] = _truncate(proposal, request.max_draft_len)
         return proposals
+
+    def _verify(self, requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> VerifyResult:
+        results = self.hook.specdec_verify(config=self.config, requests=requests, proposals=proposals, target_logits=logits)
+        if results is None or len(results) != len(requests):
+            raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
+        result, proposal = results[0], proposals[0]
+        if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < self.runner.vocab_size:
+            raise PluginError(
+                f"method {self.method.name!r}: verify kept {result.num_accepted} of {len(proposal)} drafts "
+                f"with next token {result.next_token}"
+            )
+        return result
 
     def _pay_off(self, request: Request, proposal: DraftProposal) -> DraftProposal:
         """Keep only as many drafts as pay for their verification cost."""

@@ -57,6 +57,12 @@ class GrowableLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self._length if self.is_initialized else 0
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("GrowableLayer holds one request per cache")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("GrowableLayer holds one request per cache")
+
 
 def new_kv_cache(config: PretrainedConfig) -> DynamicCache:
     """A ``DynamicCache`` whose full-attention layers grow in place (others stay as they are)."""

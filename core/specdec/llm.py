@@ -90,7 +90,7 @@ class LLM:
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError("prompt: this model's tokenizer has no chat template; use --no-chat")
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(
         self,

@@ -108,7 +108,13 @@ def _cpu_has_native_bf16() -> bool:
 def resolve_device(device: str | torch.device | None) -> torch.device:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"device: unknown value {device!r}; use cuda, cpu or auto") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device: cuda was asked for but no CUDA device is available")
+    return dev
 
 
 def load_model(model: str | None, dtype: str | torch.dtype, device: str | torch.device | None) -> tuple[Any, Any]:
@@ -117,10 +123,11 @@ def load_model(model: str | None, dtype: str | torch.dtype, device: str | torch.
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    path = resolve_model_path(model)
     try:
+        path = resolve_model_path(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model {path!r}: {str(exc).splitlines()[0]}") from None
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(f"cannot load model {model or DEFAULT_MODEL!r}: {reason}") from None
     return loaded.to(dev).eval(), tokenizer

@@ -30,6 +30,13 @@ class SamplingParams(BaseModel):
     def _one_stop_string(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
 
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop_string(cls, value: list[str]) -> list[str]:
+        if any(not s for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0

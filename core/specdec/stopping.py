@@ -27,9 +27,9 @@ class StopChecker:
         return None
 
     def _stop_string_in_tail(self, request: Request) -> bool:
-        # A stop string ending at the new token lies within its last len(stop)+2 tokens (every
-        # token decodes to at least one character once its bytes are complete).
-        window = max(len(s) for s in request.params.stop) + 2
+        # A stop string ending at the new token lies within its last len(utf-8 bytes)+2 tokens:
+        # every token carries at least one byte.
+        window = max(len(s.encode("utf-8")) for s in request.params.stop) + 2
         tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
         return any(s in tail for s in request.params.stop)
 

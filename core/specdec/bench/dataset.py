@@ -24,20 +24,24 @@ def load_questions(dataset: str, categories: list[str] | None = None, per_catego
     """Questions of ``dataset`` (a bundled name or a jsonl path), filtered and capped per category."""
     if dataset in BUNDLED:
         text = resources.files("specdec.data").joinpath(BUNDLED[dataset]).read_text()
-        source = dataset
     else:
         try:
             text = Path(dataset).read_text()
         except OSError as exc:
             raise ConfigError(f"--dataset: cannot read {dataset!r} ({exc.strerror}); use spec_bench, humaneval or a jsonl file") from None
-        source = dataset
+        except UnicodeDecodeError:
+            raise ConfigError(f"--dataset: {dataset!r} is not UTF-8 text") from None
+    source = dataset
     questions = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), list(row["turns"])))
+            turns = row["turns"]
+            if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)):
+                raise ValueError("`turns` must be a non-empty list of non-empty strings")
+            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), turns))
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--dataset: {source} line {n} is not a Spec-Bench row ({type(exc).__name__}: {exc})") from None
     if categories:

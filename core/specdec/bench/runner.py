@@ -25,7 +25,6 @@ PLAIN, SPEC, HF = "plain", "spec", "hf"
 class Run:
     """One timed generation of one turn in one mode."""
 
-    mode: str
     tokens: list[int]
     seconds: float
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -60,14 +59,14 @@ class HFPeer:
             input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens, **self.base, **self.kwargs
         )
         seconds = time.perf_counter() - start
-        return Run(HF, out[0, len(prompt_ids):].tolist(), seconds)
+        return Run(out[0, len(prompt_ids):].tolist(), seconds)
 
 
-def _run_llm(llm: LLM, mode: str, prompt_ids: list[int], params: SamplingParams) -> Run:
+def _run_llm(llm: LLM, prompt_ids: list[int], params: SamplingParams) -> Run:
     start = time.perf_counter()
     out = llm.generate({"prompt_token_ids": prompt_ids}, params)[0]
     seconds = time.perf_counter() - start
-    return Run(mode, out.token_ids, seconds, out.metrics.to_dict())
+    return Run(out.token_ids, seconds, out.metrics.to_dict())
 
 
 def run_benchmark(
@@ -80,8 +79,8 @@ def run_benchmark(
     on_turn: Callable[[TurnResult], None] | None = None,
 ) -> list[TurnResult]:
     runners: dict[str, Callable[[list[int]], Run]] = {
-        PLAIN: lambda ids: _run_llm(plain, PLAIN, ids, params),
-        SPEC: lambda ids: _run_llm(spec, SPEC, ids, params),
+        PLAIN: lambda ids: _run_llm(plain, ids, params),
+        SPEC: lambda ids: _run_llm(spec, ids, params),
     }
     if hf is not None:
         runners[HF] = lambda ids: hf.generate(ids, params.max_tokens)

@@ -67,8 +67,9 @@ def specdec_prepare_draft_tokens(
     if not isinstance(config, UserProvidedDecodingConfig):
         return None
     proposals = config.drafter.prepare_draft_tokens(requests, resource_manager)
-    if len(proposals) != len(requests):
-        raise PluginError(f"user drafter returned {len(proposals)} proposals for {len(requests)} requests")
+    if proposals is None or len(proposals) != len(requests):
+        got = "None" if proposals is None else len(proposals)
+        raise PluginError(f"user drafter returned {got} proposals for {len(requests)} requests")
     return [p if isinstance(p, DraftProposal) else DraftProposal(list(p)) for p in proposals]
 
 

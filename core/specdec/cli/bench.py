@@ -28,9 +28,9 @@ BASELINES = {"none", "hf"}
 @sampling_options
 @click.option("--dataset", default="spec_bench", show_default=True, help="spec_bench, humaneval or a Spec-Bench-format jsonl file.")
 @click.option("--categories", default=None, help="Comma-separated categories (default: all).")
-@click.option("--num-prompts", type=int, default=None, help="Prompts per category (default: all).")
-@click.option("--max-turns", type=int, default=2, show_default=True, help="Turns per prompt (mt_bench prompts have 2).")
-@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="Prompts per category (default: all).")
+@click.option("--max-turns", type=click.IntRange(min=1), default=2, show_default=True, help="Turns per prompt (mt_bench prompts have 2).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
 def bench(config_file, method, max_draft_len, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
@@ -44,6 +44,8 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
         raise ConfigError(f"--baseline: unknown {', '.join(sorted(baselines - BASELINES))}; use none, hf")
     params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
     questions = load_questions(dataset, categories.split(",") if categories else None, num_prompts)
+    if json_out:
+        _check_writable(Path(json_out))
     quiet_transformers()
     console = Console()
     with console.status("loading model"):
@@ -87,8 +89,16 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
                 for r in results
             ],
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=2, default=str))
         plot_summary(summary, path.with_suffix(".png"), title)
         console.print(f"wrote {path} and {path.with_suffix('.png')}")
     spec.close()
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before a long run, not after it, when the results cannot be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:
+        raise ConfigError(f"--json: cannot write {str(path)!r} ({exc.strerror})") from None

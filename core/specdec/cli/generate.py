@@ -41,11 +41,19 @@ def generate(model, dtype, device, config_file, method, max_draft_len, settings,
     with console.status("loading model"):
         llm = LLM(model, config, dtype=dtype, device=device)
         plain = LLM(llm.model, None, tokenizer=llm.tokenizer) if compare else None
-    if plain is not None:
-        with console.status("warming up"):
-            llm.warmup()
+    with console.status("warming up"):
+        llm.warmup()
+        if plain is not None:
             for engine in (plain, llm):
                 engine.generate(prompts[0], params.model_copy(update={"max_tokens": 8}), chat=chat)
+    try:
+        _generate_all(llm, plain, prompts, params, chat, as_json, console)
+    finally:
+        llm.close()
+
+
+def _generate_all(llm: LLM, plain: LLM | None, prompts: tuple[str, ...], params: SamplingParams, chat: bool,
+                  as_json: bool, console: Console) -> None:
     for prompt in prompts:
         out, seconds = _timed(llm, prompt, params, chat)
         base = _timed(plain, prompt, params, chat) if plain is not None else None
@@ -72,4 +80,3 @@ def generate(model, dtype, device, config_file, method, max_draft_len, settings,
         table.add_row("mean acceptance length", f"{m.mean_acceptance_length:.2f}")
         table.add_row("per-position acceptance", ", ".join(f"{r:.2f}" for r in m.acceptance_rate_per_pos) or "-")
         console.print(table)
-    llm.close()

@@ -48,18 +48,6 @@ class NGramPool:
         """Stop indexing sequence ``key``; candidates already in the pool stay."""
         self._sequences.pop(key, None)
 
-    def remove_sequence(self, key: int) -> None:
-        """Drop sequence ``key`` and every candidate that points into it."""
-        seq = self._sequences.pop(key, None)
-        if seq is None:
-            return
-        for ngram in list(self._table):
-            kept = [c for c in self._table[ngram] if c[0] is not seq]
-            if kept:
-                self._table[ngram] = kept
-            else:
-                del self._table[ngram]
-
     def propose(self, tokens: list[int], max_len: int) -> list[int]:
         """Draft up to ``max_len`` tokens continuing ``tokens``; the longest matching suffix wins."""
         if max_len <= 0:
