@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from specdec.bench.runner import HF, PLAIN, SPEC, TurnResult
+from specdec.metrics import aggregate
 
 
 def _throughput(results: list[TurnResult], mode: str) -> float:
@@ -16,27 +17,21 @@ def _throughput(results: list[TurnResult], mode: str) -> float:
     return tokens / seconds if seconds else 0.0
 
 
-def _sum(results: list[TurnResult], name: str) -> float:
-    return sum(r.runs[SPEC].metrics[name] for r in results)
-
-
 def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
     """Spec-Bench's speedup (throughput ratio over the group) and vLLM's acceptance metrics."""
     plain, spec = _throughput(results, PLAIN), _throughput(results, SPEC)
-    drafts, draft_tokens = _sum(results, "num_drafts"), _sum(results, "num_draft_tokens")
-    accepted, steps = _sum(results, "num_accepted_tokens"), _sum(results, "num_steps")
-    decode = _sum(results, "time_decode")
+    m = aggregate(r.runs[SPEC].metrics for r in results)
     summary: dict[str, Any] = {
         "num_turns": len(results),
         "speedup": spec / plain if plain else None,
         "tokens_per_second": spec,
         "plain_tokens_per_second": plain,
         # Spec-Bench: tokens per target forward in decoding (accepted drafts + 1 per step).
-        "mean_accepted_tokens": (steps + accepted) / steps if steps else 1.0,
+        "mean_accepted_tokens": (m.num_steps + m.num_accepted_tokens) / m.num_steps if m.num_steps else 1.0,
         # vLLM: 1 + accepted / drafts, over steps that drafted.
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else 1.0,
-        "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
-        "overhead_fraction": _sum(results, "time_overhead") / decode if decode else 0.0,
+        "mean_acceptance_length": m.mean_acceptance_length,
+        "acceptance_rate": m.acceptance_rate,
+        "overhead_fraction": m.time_overhead / m.time_decode if m.time_decode else 0.0,
         "outputs_match": (
             sum(r.runs[SPEC].tokens == r.runs[PLAIN].tokens for r in results) / len(results) if greedy else None
         ),

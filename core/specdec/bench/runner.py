@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from specdec.bench.dataset import Question
 from specdec.llm import LLM
+from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
 
 PLAIN, SPEC, HF = "plain", "spec", "hf"
@@ -27,7 +28,8 @@ class Run:
 
     tokens: list[int]
     seconds: float
-    metrics: dict[str, Any] = field(default_factory=dict)
+    #: specdec's own metrics (``None`` for transformers' peer).
+    metrics: RequestMetrics | None = None
 
 
 @dataclass
@@ -66,7 +68,7 @@ def _run_llm(llm: LLM, prompt_ids: list[int], params: SamplingParams) -> Run:
     start = time.perf_counter()
     out = llm.generate({"prompt_token_ids": prompt_ids}, params)[0]
     seconds = time.perf_counter() - start
-    return Run(out.token_ids, seconds, out.metrics.to_dict())
+    return Run(out.token_ids, seconds, out.metrics)
 
 
 def run_benchmark(

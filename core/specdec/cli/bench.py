@@ -85,7 +85,7 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
             "summary": summary,
             "turns": [
                 {"question_id": r.question_id, "category": r.category, "turn": r.turn,
-                 "runs": {m: {"num_tokens": len(run.tokens), "seconds": run.seconds, "metrics": run.metrics} for m, run in r.runs.items()}}
+                 "runs": {m: {"num_tokens": len(run.tokens), "seconds": run.seconds, "metrics": run.metrics.to_dict() if run.metrics else None} for m, run in r.runs.items()}}
                 for r in results
             ],
         }
