@@ -6,38 +6,64 @@ from specdec import LLM, SamplingParams
 from specdec.draft_policy import PRIOR_ACCEPTANCE, AcceptanceEstimate, ForwardCost
 
 
+def estimate(*steps: tuple[int, int], window: int = 16) -> AcceptanceEstimate:
+    est = AcceptanceEstimate(window)
+    for drafted, accepted in steps:
+        est.update(drafted, accepted)
+    return est
+
+
+def steady(rate_steps: int, drafted: int, accepted: int) -> AcceptanceEstimate:
+    return estimate(*[(drafted, accepted)] * rate_steps)
+
+
 def test_expected_tokens_follow_the_acceptance_chain():
-    """E[tokens | L drafts] = 1 + sum_j prod_{i<=j} alpha_i."""
-    est = AcceptanceEstimate([0.5, 0.5, 0.25])
-    assert est.expected_tokens(3) == pytest.approx([1.0, 1.5, 1.75, 1.8125])
-    # Positions never seen use the prior.
-    assert est.expected_tokens(4)[-1] == pytest.approx(1.8125 + 0.0625 * PRIOR_ACCEPTANCE)
+    """E[tokens | L drafts] = 1 + sum_j prod_{i<=j} alpha_i, alpha from the window's counts."""
+    est = estimate((4, 4), (4, 2), (4, 0), (4, 1))
+    a0, a1, a2 = est.alpha(0), est.alpha(1), est.alpha(2)
+    assert a0 == pytest.approx((3 + 0.5 * PRIOR_ACCEPTANCE) / 4.5)
+    assert a1 == pytest.approx((2 + 0.5 * PRIOR_ACCEPTANCE) / 3.5)
+    assert a2 == pytest.approx((1 + 0.5 * PRIOR_ACCEPTANCE) / 2.5)
+    assert est.expected_tokens(3) == pytest.approx([1, 1 + a0, 1 + a0 + a0 * a1, 1 + a0 + a0 * a1 + a0 * a1 * a2])
+    # A request with no evidence uses the prior.
+    assert AcceptanceEstimate().alpha(5) == pytest.approx(PRIOR_ACCEPTANCE)
 
 
-def test_update_counts_only_reached_positions():
-    """A rejection at position i is evidence about i, not about the positions after it."""
-    est = AcceptanceEstimate()
-    est.update(num_drafted=4, num_accepted=1)
-    assert len(est.alpha) == 2
-    assert est.alpha[0] > PRIOR_ACCEPTANCE > est.alpha[1]
+def test_a_rejection_is_evidence_only_about_its_position():
+    """A rejection at position i says nothing about positions after i."""
+    est = estimate((4, 1))
+    assert est.alpha(0) > PRIOR_ACCEPTANCE > est.alpha(1)
+    assert est.alpha(2) == pytest.approx(PRIOR_ACCEPTANCE)
+
+
+def test_window_forgets_old_steps_and_paused_steps_age_it():
+    """Only the last ``window`` steps count; steps without drafts push evidence out, so a
+    paused request returns to the prior and probes again."""
+    est = estimate(*[(4, 0)] * 8, window=8)
+    assert est.alpha(0) < 0.1
+    for _ in range(7):
+        est.skip()
+    assert est.alpha(0) < 0.5
+    est.skip()
+    assert est.alpha(0) == pytest.approx(PRIOR_ACCEPTANCE)
 
 
 def test_flat_cost_keeps_every_draft():
     """Where wider forwards cost the same (bf16 on CPU), every offered draft is worth verifying,
     however unlikely; with a few percent of measured spread, still so at typical acceptance."""
-    assert ForwardCost([1.0] * 5).best_length(AcceptanceEstimate([0.05] * 4), offered=4) == 4
+    assert ForwardCost([1.0] * 5).best_length([steady(16, 4, 0)], [4]) == 4
     near_flat = ForwardCost([1.0, 1.02, 0.98, 1.01, 1.03])
-    assert near_flat.best_length(AcceptanceEstimate([0.6] * 4), offered=4) == 4
+    assert near_flat.best_length([AcceptanceEstimate()], [4]) == 4
 
 
 def test_expensive_short_widths_are_skipped():
     """float32 on CPU: 2-3 tokens cost ~2x, 4-5 tokens ~1.15x; short drafts do not pay, long ones do."""
-    cost = ForwardCost([1.0, 1.9, 2.0, 1.15, 1.2])
-    est = AcceptanceEstimate([0.5] * 4)
-    assert cost.best_length(est, offered=1) == 0
-    assert cost.best_length(est, offered=2) == 0
-    assert cost.best_length(est, offered=4) == 4
-    assert cost.best_length(AcceptanceEstimate([0.05] * 4), offered=4) == 0
+    cost = ForwardCost([1.0, 1.9, 2.2, 1.15, 1.2])
+    half = estimate(*[(4, 4), (4, 0)] * 8)
+    assert cost.best_length([half], [1]) == 0
+    assert cost.best_length([half], [2]) == 0
+    assert cost.best_length([half], [4]) == 4
+    assert cost.best_length([steady(16, 4, 0)], [4]) == 0
 
 
 def test_noise_sized_differences_do_not_cut_drafts():
@@ -45,14 +71,18 @@ def test_noise_sized_differences_do_not_cut_drafts():
     machine spread by a few percent, and a cut must not rest on that."""
     cost = ForwardCost([1.0, 1.0, 1.0, 1.04, 1.04])
     # The 4th draft adds ~0.1 expected tokens at 4% more cost: nearly even, so keep it.
-    assert cost.best_length(AcceptanceEstimate([0.3] * 4), offered=4) == 4
+    assert cost.best_length([estimate(*[(4, 1), (4, 0), (4, 0)] * 5)], [4]) == 4
 
 
-def test_relax_drifts_back_to_the_prior():
-    est = AcceptanceEstimate([0.0])
-    for _ in range(200):
-        est.relax()
-    assert est.alpha[0] == pytest.approx(PRIOR_ACCEPTANCE, abs=1e-3)
+def test_batch_length_weighs_every_request():
+    """In a batch every row pays for the common width: one request that accepts everything
+    cannot justify drafting for seven that accept nothing when width costs grow with the batch."""
+    cost = ForwardCost([1.0, 1.6, 2.2, 2.8, 3.4])
+    good, bad = steady(16, 4, 4), steady(16, 4, 0)
+    assert cost.best_length([good], [4]) == 4
+    assert cost.best_length([good] + [bad] * 7, [4] * 8) == 0
+    # A row offering fewer drafts than the width gains only what it offers.
+    assert ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4]).best_length([good, good], [4, 0]) == 4
 
 
 def test_engine_cuts_drafts_losslessly(tiny):
@@ -61,11 +91,11 @@ def test_engine_cuts_drafts_losslessly(tiny):
     prompt = tiny.encode("hello world, hello world, hello")
     params = SamplingParams(max_tokens=40)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": prompt}, params)[0]
-    with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 4}, tokenizer=tiny.tokenizer) as llm:
-        llm.engine.forward_cost = ForwardCost([1.0, 50.0, 50.0, 50.0, 50.0])
+    with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 4, "adaptive_window": 64}, tokenizer=tiny.tokenizer) as llm:
+        llm.engine.forward_costs[1] = ForwardCost([1.0, 50.0, 50.0, 50.0, 50.0])
         never = llm.generate({"prompt_token_ids": prompt}, params)[0]
         assert never.token_ids == plain.token_ids and never.metrics.num_drafts == 0
-        llm.engine.forward_cost = ForwardCost([1.0, 3.0, 3.0, 1.0, 1.0])
+        llm.engine.forward_costs[1] = ForwardCost([1.0, 3.0, 3.0, 1.0, 1.0])
         long_only = llm.generate({"prompt_token_ids": prompt}, params)[0]
         assert long_only.token_ids == plain.token_ids and long_only.metrics.num_drafts > 0
         # Only 3- and 4-token drafts were verified: no draft ever ended at position 1 or 2.

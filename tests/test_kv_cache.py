@@ -18,3 +18,41 @@ def test_growable_cache_matches_dynamic_cache_across_growth_and_rollback(tiny):
         runner.rollback(ours, 4)
         runner.rollback(theirs, 4)
         assert runner.cache_length(ours) == runner.cache_length(theirs) == 251 + step
+
+
+def test_batched_rows_match_single_request_forwards(tiny):
+    """Requests of different lengths share one batch cache, append different numbers of tokens
+    per step and roll back different amounts, and each row's logits stay those of the request
+    run alone; finished rows leave and new ones join without disturbing the others."""
+    runner = ModelRunner(tiny.model)
+    prompts = [list(range(3, 35)), list(range(10, 17)), (list(range(3, 30)) * 11)[:295]]
+    batch, alone = runner.new_cache(rows=0), []
+    for prompt in prompts:
+        single = runner.new_cache()
+        runner.forward(single, prompt)
+        batch.append_rows(single)
+        alone_cache = runner.new_cache()
+        runner.forward(alone_cache, prompt)
+        alone.append(alone_cache)
+    assert batch.lengths == [len(p) for p in prompts]
+    steps = [([7, 8, 9], [4], [11, 12]), ([5], [6, 7, 8, 9, 10], [3]), ([20, 21], [22], [23, 24, 25, 26])]
+    rollbacks = [[2, 0, 1], [0, 3, 0], [1, 0, 3]]
+    for rows, back in zip(steps, rollbacks):
+        outputs = runner.forward_rows(batch, [list(r) for r in rows])
+        for b, r in enumerate(rows):
+            expected = runner.forward(alone[b], list(r)).logits
+            torch.testing.assert_close(outputs[b].logits, expected, atol=1e-5, rtol=1e-5)
+            assert torch.equal(outputs[b].logits.argmax(-1), expected.argmax(-1))
+            runner.rollback(alone[b], back[b])
+        runner.rollback_rows(batch, back)
+        assert batch.lengths == [runner.cache_length(c) for c in alone]
+    batch.select_rows([2, 0])
+    joiner = runner.new_cache()
+    runner.forward(joiner, [9, 9, 8])
+    batch.append_rows(joiner)
+    outputs = runner.forward_rows(batch, [[30], [31, 32], [33]])
+    for cache, row, out in zip([alone[2], alone[0], joiner], [[30], [31, 32], [33]], outputs):
+        reference = cache if cache is not joiner else runner.new_cache()
+        if cache is joiner:
+            runner.forward(reference, [9, 9, 8])
+        torch.testing.assert_close(out.logits, runner.forward(reference, row).logits, atol=1e-5, rtol=1e-5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 
 class SpeculativeConfig(BaseModel):
@@ -44,6 +44,54 @@ class SpeculativeConfig(BaseModel):
             "(0 drafts when speculating would not pay)."
         ),
     )
+
+    adaptive_window: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description=(
+            "Steps in each request's rolling acceptance window that drives adaptive_draft_len. "
+            "A request whose drafting was paused probes again once its window holds no drafts."
+        ),
+    )
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        validation_alias=AliasChoices("max_concurrency", "disable_by_batch_size", "speculative_disable_by_batch_size"),
+        description="Decode plainly while more than this many requests run at once (vLLM `disable_by_batch_size`).",
+    )
+    draft_len_schedule: dict[int, int] | None = Field(
+        default=None,
+        description=(
+            "Draft length by batch size, as in TensorRT-LLM: {4: 4, 8: 2, 32: 1} drafts 4 tokens for "
+            "batches of 1-4, 2 for 5-8, 1 for 9-32 and none above 32."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _check_dynamic_controls(self) -> SpeculativeConfig:
+        if self.draft_len_schedule is not None:
+            if self.max_concurrency is not None:
+                raise ValueError(
+                    "draft_len_schedule and max_concurrency are mutually exclusive "
+                    "(a schedule ends speculation above its largest batch size)"
+                )
+            for batch_size, length in self.draft_len_schedule.items():
+                if batch_size < 1 or not 0 <= length <= self.max_draft_len:
+                    raise ValueError(
+                        f"draft_len_schedule: {{{batch_size}: {length}}} needs a batch size >= 1 "
+                        f"and a draft length in [0, max_draft_len={self.max_draft_len}]"
+                    )
+        return self
+
+    def draft_len_for_batch(self, batch_size: int) -> int:
+        """The most drafts per request for a step that runs ``batch_size`` requests."""
+        if self.max_concurrency is not None and batch_size > self.max_concurrency:
+            return 0
+        if self.draft_len_schedule:
+            fitting = [size for size in self.draft_len_schedule if size >= batch_size]
+            return self.draft_len_schedule[min(fitting)] if fitting else 0
+        return self.max_draft_len
 
     def model_post_init(self, context: Any) -> None:
         if self.decoding_type is None and self.method_name:

@@ -1,62 +1,74 @@
-"""Speculate only when it pays: cut each proposal to the length with the best expected return.
+"""Speculate only when it pays: each step's draft length from recent acceptance and forward cost.
 
-A verify forward over ``w`` tokens costs ``cost[w]`` single-token forwards; on a CPU in float32,
-2-3 tokens can cost twice one token while 4-5 cost barely more, and on bfloat16 the cost is
-flat. Each request keeps a running estimate of how often the draft at position ``i`` is accepted
-once position ``i`` is reached (``alpha[i]``); the expected number of tokens a step yields with
-``L`` drafts is ``1 + sum_{j<=L} prod_{i<=j} alpha[i]``. The engine keeps the longest
-``L <= offered`` whose expected tokens per unit of cost come within ``TOLERANCE`` of the best
-(``L = 0`` is plain decoding).
+A verify forward of ``w`` tokens per request costs ``cost[w]`` one-token forwards of the same
+batch; on a CPU in float32, 2-3 tokens can cost twice one token while 4-5 cost barely more, in
+bfloat16 the cost is flat, and in a large batch every extra token per request costs more.
+
+Each request keeps a rolling window of its last ``window`` steps (:class:`AcceptanceEstimate`).
+From it, ``alpha[i]`` estimates how often the draft at position ``i`` is accepted once position
+``i`` is reached, and the expected tokens a step yields with ``L`` drafts are
+``1 + sum_{j<=L} prod_{i<=j} alpha[i]``. Steps without drafts age the window, so a request whose
+drafting was paused returns to the optimistic prior and probes again after ``window`` steps:
+pausing costs at most one probe per window.
+
+The batch verifies every request at one width (rows are padded to the longest), so the policy
+picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
+come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Sequence
 
 from specdec.runner import ModelRunner
 
-#: Weight of the newest step in the running acceptance estimates.
-EMA_WEIGHT = 0.2
 #: Optimistic start, so a request tries drafting before it has evidence either way.
 PRIOR_ACCEPTANCE = 0.6
-#: How fast a request that stopped drafting drifts back toward the prior per skipped step.
-RELAX_WEIGHT = 0.05
+#: Weight of the prior, in observations: one step's evidence already outweighs it.
+PRIOR_WEIGHT = 0.5
 #: A longer draft is kept unless it is expected to do this much worse than the best length:
 #: timings on a busy machine spread by a few percent, and a cut must not rest on noise.
 TOLERANCE = 0.05
+#: Steps a request's acceptance window holds, unless the config says otherwise.
+DEFAULT_WINDOW = 16
 
 
-@dataclass
 class AcceptanceEstimate:
-    """Per-position conditional acceptance of one request's drafts (exponential moving average)."""
+    """Per-position conditional acceptance of one request's drafts over its last ``window`` steps."""
 
-    alpha: list[float] = field(default_factory=list)
+    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+        #: ``(drafted, accepted)`` per step, oldest first; ``(0, 0)`` for a step without drafts.
+        self.steps: deque[tuple[int, int]] = deque(maxlen=window)
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
-        for i in range(min(num_drafted, num_accepted + 1)):
-            while len(self.alpha) <= i:
-                self.alpha.append(PRIOR_ACCEPTANCE)
-            hit = 1.0 if i < num_accepted else 0.0
-            self.alpha[i] += EMA_WEIGHT * (hit - self.alpha[i])
+        self.steps.append((num_drafted, num_accepted))
 
-    def relax(self) -> None:
-        """Drift back toward the prior while drafts are being skipped, so drafting is retried."""
-        for i, a in enumerate(self.alpha):
-            self.alpha[i] = a + RELAX_WEIGHT * (PRIOR_ACCEPTANCE - a)
+    def skip(self) -> None:
+        """A step without drafts: no evidence, but the window moves on."""
+        self.steps.append((0, 0))
+
+    def alpha(self, position: int) -> float:
+        """P(draft at ``position`` accepted | drafts before it accepted), shrunk toward the prior."""
+        reached = hits = 0
+        for drafted, accepted in self.steps:
+            if drafted > position and accepted >= position:
+                reached += 1
+                hits += accepted > position
+        return (hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (reached + PRIOR_WEIGHT)
 
     def expected_tokens(self, length: int) -> list[float]:
         """Expected tokens per step for every draft length ``0..length``."""
         out, reach = [1.0], 1.0
         for i in range(length):
-            reach *= self.alpha[i] if i < len(self.alpha) else PRIOR_ACCEPTANCE
+            reach *= self.alpha(i)
             out.append(out[-1] + reach)
         return out
 
 
 class ForwardCost:
-    """Cost of a target forward by width, relative to a one-token forward, measured once."""
+    """Cost of a target forward by width (tokens per request), relative to one token, for one batch size."""
 
     def __init__(self, relative: list[float]) -> None:
         self.relative = relative
@@ -66,21 +78,29 @@ class ForwardCost:
         cls,
         runner: ModelRunner,
         max_width: int,
+        rows: int = 1,
         context: int = 256,
         repeats: int = 5,
         sync: Callable[[], None] | None = None,
     ) -> ForwardCost:
-        """Time forwards of every width; ``sync`` waits for the device (CUDA) before reading the clock."""
-        cache = runner.new_cache()
-        runner.forward(cache, [0] * context, last_only=True)
+        """Time forwards of every width over ``rows`` requests; ``sync`` waits for the device (CUDA)."""
+        cache = runner.new_cache(rows)
+        runner.forward_rows(cache, [[0] * context] * rows)
+
+        def forward(width: int) -> None:
+            if rows == 1:
+                runner.forward(cache, [0] * width)
+            else:
+                runner.forward_rows(cache, [[0] * width] * rows)
+
         timings = []
         for width in range(1, max_width + 1):
-            runner.forward(cache, [0] * width)  # first call of a shape pays one-time setup
+            forward(width)  # the first call of a shape pays one-time setup
             runner.rollback(cache, width)
             samples = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                runner.forward(cache, [0] * width)
+                forward(width)
                 if sync:
                     sync()
                 samples.append(time.perf_counter() - start)
@@ -89,11 +109,11 @@ class ForwardCost:
             timings.append(min(samples))
         return cls([t / timings[0] for t in timings])
 
-    def best_length(self, estimate: AcceptanceEstimate, offered: int) -> int:
-        """The longest draft length ``<= offered`` whose expected tokens per unit of cost are
-        within ``TOLERANCE`` of the best length's."""
-        offered = min(offered, len(self.relative) - 1)
-        gains = estimate.expected_tokens(offered)
-        rates = [gains[n] / self.relative[n] for n in range(offered + 1)]
+    def best_length(self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int]) -> int:
+        """The longest draft length for the batch whose expected tokens per unit of cost are within
+        ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts."""
+        longest = min(max(offered, default=0), len(self.relative) - 1)
+        gains = [e.expected_tokens(min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
+        rates = [sum(g[min(n, len(g) - 1)] for g in gains) / self.relative[n] for n in range(longest + 1)]
         best = max(rates)
-        return max(n for n in range(offered + 1) if rates[n] >= best * (1 - TOLERANCE))
+        return max(n for n in range(longest + 1) if rates[n] >= best * (1 - TOLERANCE))

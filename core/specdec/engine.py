@@ -7,25 +7,46 @@ code path and their timings compare fairly.
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import ForwardCost
+from specdec.draft_policy import AcceptanceEstimate, ForwardCost
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import TargetContext
+from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 from specdec.stopping import StopChecker, eos_token_ids
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, tokenizer: Any, config: SpeculativeConfig, registry: PluginRegistry) -> None:
+    """Runs requests in batches of up to ``max_batch_size``; requests join as others finish.
+
+    Every request keeps its own accepted count per step (ragged acceptance), stop conditions and
+    sampling parameters. A request is prefilled alone, then its cache row joins the batch; each
+    step drafts for the whole batch (one hook call), verifies every row in one target forward,
+    and finished requests leave the batch at once.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Any,
+        config: SpeculativeConfig,
+        registry: PluginRegistry,
+        max_batch_size: int = 8,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size: must be at least 1, got {max_batch_size}")
         self.runner = runner
         self.config = config
+        self.max_batch_size = max_batch_size
         self.method = registry.method_for_config(config)
         self.hook = registry.hook
         self.target = TargetContext(runner, tokenizer, runner.device, runner.dtype)
@@ -37,7 +58,8 @@ class Engine:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         self._next_id = 0
         self._adaptive = config.adaptive_draft_len and config.max_draft_len > 0
-        self.forward_cost: ForwardCost | None = None
+        #: Measured forward cost by batch size (adaptive draft length only).
+        self.forward_costs: dict[int, ForwardCost] = {}
 
     def close(self) -> None:
         if self.resource_manager is not None:
@@ -45,39 +67,83 @@ class Engine:
             self.resource_manager = None
 
     @torch.inference_mode()
-    def warmup(self) -> None:
-        """Run a forward of every width a step can use (1 .. max_draft_len + 1 tokens) once.
+    def warmup(self, max_batch_size: int = 1) -> None:
+        """Run forwards of every width a step can use for batches of 1 .. ``max_batch_size``.
 
         The first forward of a new shape pays one-time setup (CPU matmul primitives, CUDA
         kernels); benchmarks call this so that cost is not timed. With the adaptive draft length
-        on, measuring the forward cost does exactly that.
+        on, measuring the forward cost of each batch size does exactly that.
         """
-        if self._adaptive:
-            self._measure_cost()
-            return
-        cache = self.runner.new_cache()
-        self.runner.forward(cache, [0] * 32, last_only=True)
-        for width in range(1, self.config.max_draft_len + 2):
-            self.runner.forward(cache, [0] * width)
-            self.runner.rollback(cache, width)
+        for rows in range(1, min(max_batch_size, self.max_batch_size) + 1):
+            if self._adaptive:
+                self._cost(rows)
+                continue
+            cache = self.runner.new_cache(rows)
+            self.runner.forward_rows(cache, [[0] * 32] * rows)
+            for width in range(1, self.config.max_draft_len + 2):
+                self.runner.forward_rows(cache, [[0] * width] * rows)
+                self.runner.rollback(cache, width)
 
-    def _measure_cost(self) -> None:
-        if self._adaptive and self.forward_cost is None:
-            self.forward_cost = ForwardCost.measure(self.runner, self.config.max_draft_len + 1, sync=self._sync)
+    def _cost(self, rows: int) -> ForwardCost:
+        if rows not in self.forward_costs:
+            self.forward_costs[rows] = ForwardCost.measure(
+                self.runner, self.config.max_draft_len + 1, rows=rows, sync=self._sync
+            )
+        return self.forward_costs[rows]
 
     def new_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         generator = None
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device="cpu").manual_seed(params.seed)
         request = Request(self._next_id, list(prompt_ids), len(prompt_ids), params, generator)
+        request.acceptance = AcceptanceEstimate(self.config.adaptive_window)
         self._next_id += 1
         return request
 
-    @torch.inference_mode()
     def run(self, request: Request) -> Request:
         """Generate until ``request`` finishes; returns it with tokens, finish reason and metrics."""
+        return self.generate([request])[0]
+
+    @torch.inference_mode()
+    def generate(self, requests: list[Request], on_finish: Callable[[Request], None] | None = None) -> list[Request]:
+        """Run ``requests`` to completion, at most ``max_batch_size`` at a time, in arrival order.
+
+        Every prompt is checked before any work starts, so one bad prompt loses nothing.
+        """
         if self.resource_manager is None:
             raise SpecdecError("this LLM has been closed")
+        for request in requests:
+            self._check_prompt(request)
+        waiting = deque(requests)
+        running: list[Request] = []
+        cache = self.runner.new_cache(rows=0)
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.max_batch_size:
+                    request = waiting.popleft()
+                    row = self._prefill(request)
+                    if request.finished:
+                        self._finish(request, on_finish)
+                    else:
+                        cache.append_rows(row)
+                        running.append(request)
+                if not running:
+                    continue
+                self._step(running, cache)
+                keep = [i for i, r in enumerate(running) if not r.finished]
+                if len(keep) < len(running):
+                    for request in running:
+                        if request.finished:
+                            self._finish(request, on_finish)
+                    running = [running[i] for i in keep]
+                    cache.select_rows(keep)
+        finally:
+            for request in running:
+                request.target_output = None
+                self.resource_manager.free_request(request)
+        return requests
+
+    def _check_prompt(self, request: Request) -> None:
         if not request.token_ids:
             raise ConfigError("prompt: empty (it must hold at least one token)")
         if not all(0 <= t < self.runner.vocab_size for t in request.token_ids):
@@ -86,51 +152,76 @@ class Engine:
             raise ConfigError(
                 f"prompt: {len(request.token_ids)} tokens do not fit the model's context of {self.runner.max_length}"
             )
-        self._measure_cost()
-        metrics = request.metrics
-        runner, config, hook = self.runner, self.config, self.hook
+
+    def _prefill(self, request: Request) -> BatchKVCache:
+        """Forward the prompt alone; its first token is chosen and the method sees the request."""
         start = time.perf_counter()
-        cache = runner.new_cache()
-        prefill = runner.forward(cache, request.token_ids, last_only=True)
+        cache = self.runner.new_cache()
+        prefill = self.runner.forward(cache, request.token_ids, last_only=True)
         request.target_output = prefill
         self._append(request, [self._pick(prefill.logits[-1], request)])
-        metrics.time_prefill = time.perf_counter() - start
+        request.metrics.time_prefill = time.perf_counter() - start
         self.resource_manager.add_request(request)
-        requests = [request]
-        try:
-            while not request.finished:
-                step_start = time.perf_counter()
-                budget = min(
-                    config.max_draft_len,
-                    request.params.max_tokens - request.num_output_tokens - 1,
-                    runner.max_length - len(request.token_ids) - 1,
-                )
-                request.max_draft_len = max(budget, 0)
-                proposals = self._draft(requests)
-                proposal = proposals[0]
-                if self.forward_cost is not None and len(proposal):
-                    proposal = proposals[0] = self._pay_off(request, proposal)
-                drafted = time.perf_counter()
-                output = runner.forward(cache, [request.token_ids[-1], *proposal.token_ids])
-                if self._sync:
-                    self._sync()
-                forwarded = time.perf_counter()
-                request.target_output = output
-                result = self._verify(requests, proposals, [output.logits])
-                runner.rollback(cache, len(proposal) - result.num_accepted)
-                verified = time.perf_counter()
-                metrics.record_step(len(proposal), result.num_accepted)
+        return cache
+
+    def _finish(self, request: Request, on_finish: Callable[[Request], None] | None) -> None:
+        request.target_output = None
+        self.resource_manager.free_request(request)
+        if on_finish:
+            on_finish(request)
+
+    def _step(self, batch: list[Request], cache: BatchKVCache) -> None:
+        """One draft -> verify -> accept round for every request of the batch."""
+        runner, config = self.runner, self.config
+        step_start = time.perf_counter()
+        limit = config.draft_len_for_batch(len(batch))
+        for request in batch:
+            budget = min(
+                limit,
+                request.params.max_tokens - request.num_output_tokens - 1,
+                runner.max_length - len(request.token_ids) - 1,
+            )
+            request.max_draft_len = max(budget, 0)
+        cost = self._cost(len(batch)) if self._adaptive and limit > 0 else None
+        if cost is not None:
+            # Before drafting: a batch whose recent acceptance does not pay skips the drafter.
+            keep = cost.best_length([r.acceptance for r in batch], [r.max_draft_len for r in batch])
+            for request in batch:
+                request.max_draft_len = min(request.max_draft_len, keep)
+        if any(r.max_draft_len for r in batch):
+            proposals = self._draft(batch)
+        else:
+            proposals = [DraftProposal() for _ in batch]
+        if cost is not None and any(len(p) for p in proposals):
+            # After drafting: the offered lengths are known (an n-gram often offers fewer).
+            keep = cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals])
+            proposals = [_truncate(p, keep) if len(p) > keep else p for p in proposals]
+        drafted = time.perf_counter()
+        rows = [[r.token_ids[-1], *p.token_ids] for r, p in zip(batch, proposals)]
+        outputs = [runner.forward(cache, rows[0])] if len(batch) == 1 else runner.forward_rows(cache, rows)
+        if self._sync:
+            self._sync()
+        forwarded = time.perf_counter()
+        for request, output in zip(batch, outputs):
+            request.target_output = output
+        results = self._verify(batch, proposals, [o.logits for o in outputs])
+        runner.rollback_rows(cache, [len(p) - res.num_accepted for p, res in zip(proposals, results)])
+        verified = time.perf_counter()
+        for request, proposal, result in zip(batch, proposals, results):
+            request.metrics.record_step(len(proposal), result.num_accepted)
+            if len(proposal):
                 request.acceptance.update(len(proposal), result.num_accepted)
-                self._append(request, result.emitted(proposal))
-                hook.specdec_accept(config=config, requests=requests, results=[result], resource_manager=self.resource_manager)
-                metrics.time_draft += drafted - step_start
-                metrics.time_forward += forwarded - drafted
-                metrics.time_verify += verified - forwarded
-                metrics.time_decode += time.perf_counter() - step_start
-        finally:
-            request.target_output = None
-            self.resource_manager.free_request(request)
-        return request
+            else:
+                request.acceptance.skip()
+            self._append(request, result.emitted(proposal))
+        self.hook.specdec_accept(config=config, requests=batch, results=results, resource_manager=self.resource_manager)
+        done = time.perf_counter()
+        for request in batch:
+            metrics = request.metrics
+            metrics.time_draft += drafted - step_start
+            metrics.time_forward += forwarded - drafted
+            metrics.time_verify += verified - forwarded
+            metrics.time_decode += done - step_start
 
     def _draft(self, requests: list[Request]) -> list[DraftProposal]:
         proposals = self.hook.specdec_prepare_draft_tokens(
@@ -147,26 +238,17 @@ class Engine:
                 proposals[i] = _truncate(proposal, request.max_draft_len)
         return proposals
 
-    def _verify(self, requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> VerifyResult:
+    def _verify(self, requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
         results = self.hook.specdec_verify(config=self.config, requests=requests, proposals=proposals, target_logits=logits)
         if results is None or len(results) != len(requests):
             raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
-        result, proposal = results[0], proposals[0]
-        if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < self.runner.vocab_size:
-            raise PluginError(
-                f"method {self.method.name!r}: verify kept {result.num_accepted} of {len(proposal)} drafts "
-                f"with next token {result.next_token}"
-            )
-        return result
-
-    def _pay_off(self, request: Request, proposal: DraftProposal) -> DraftProposal:
-        """Keep only as many drafts as pay for their verification cost."""
-        keep = self.forward_cost.best_length(request.acceptance, len(proposal))
-        if keep == len(proposal):
-            return proposal
-        if keep == 0:
-            request.acceptance.relax()
-        return _truncate(proposal, keep)
+        for result, proposal in zip(results, proposals):
+            if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < self.runner.vocab_size:
+                raise PluginError(
+                    f"method {self.method.name!r}: verify kept {result.num_accepted} of {len(proposal)} drafts "
+                    f"with next token {result.next_token}"
+                )
+        return results
 
     def _pick(self, logits: torch.Tensor, request: Request) -> int:
         if request.params.greedy:

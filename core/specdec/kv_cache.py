@@ -1,9 +1,15 @@
-"""A KV cache that grows in place, for decoding loops that append a few tokens per step.
+"""A KV cache that grows in place and holds a batch of requests, each with its own length.
 
 transformers' ``DynamicLayer`` concatenates the whole cache with the new keys every forward, a
 full copy of the KV cache per step (about 12% of a SmolLM2 step at 1,000 tokens of context on
-CPU). This layer keeps a buffer with spare capacity, writes new keys into it and exposes the
-filled part as a view; rolling back rejected drafts only moves the length.
+CPU). These layers keep a buffer with spare capacity, write new keys into it and expose the
+filled part as a view; rolling back rejected drafts only moves a length.
+
+Rows are independent requests. Speculative decoding accepts a different number of tokens per
+request every step, so each row has its own length (``BatchKVCache.lengths``). A forward writes
+row ``b``'s new entries at ``lengths[b]`` onward and returns keys up to the longest row; the
+runner's attention mask hides, per row, everything at or past that row's own end. Entries past a
+row's length are stale (rejected drafts, padding) and are overwritten by its next forward.
 """
 
 from __future__ import annotations
@@ -16,56 +22,137 @@ _MIN_CAPACITY = 256
 
 
 class GrowableLayer(DynamicLayer):
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self._key_buf = self._value_buf = None
-        self._length = 0
+    """One attention layer's keys and values, ``[rows, heads, capacity, head_dim]``."""
+
+    def __init__(self, cache: BatchKVCache) -> None:
+        super().__init__()
+        self.cache = cache
+        self._key_buf: torch.Tensor | None = None
+        self._value_buf: torch.Tensor | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start, end = self._length, self._length + key_states.shape[-2]
+        starts = self.cache.lengths
+        width = key_states.shape[-2]
+        end = max(starts) + width
         if self._key_buf is None or end > self._key_buf.shape[-2]:
-            self._grow(key_states, value_states, max(end, 2 * start, _MIN_CAPACITY))
-        self._key_buf[..., start:end, :] = key_states
-        self._value_buf[..., start:end, :] = value_states
-        self._set_length(end)
+            self._grow(key_states, max(end, 2 * max(starts), _MIN_CAPACITY))
+        first = starts[0]
+        if all(s == first for s in starts):
+            self._key_buf[..., first : first + width, :] = key_states
+            self._value_buf[..., first : first + width, :] = value_states
+        else:
+            for row, start in enumerate(starts):
+                self._key_buf[row, :, start : start + width] = key_states[row]
+                self._value_buf[row, :, start : start + width] = value_states[row]
+        self.keys = self._key_buf[..., :end, :]
+        self.values = self._value_buf[..., :end, :]
         return self.keys, self.values
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
-        def bigger(old: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
-            shape = (*like.shape[:-2], capacity, like.shape[-1])
-            buf = torch.empty(shape, dtype=like.dtype, device=like.device)
+    def _grow(self, like: torch.Tensor, capacity: int) -> None:
+        def bigger(old: torch.Tensor | None) -> torch.Tensor:
+            shape = (like.shape[0], like.shape[1], capacity, like.shape[-1])
+            # Zeros, not empty: masked positions still enter the attention product, and
+            # uninitialised memory may hold NaN, which a mask cannot cancel.
+            buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
             if old is not None:
-                buf[..., : self._length, :] = old[..., : self._length, :]
+                buf[..., : old.shape[-2], :] = old
             return buf
 
-        self._key_buf = bigger(self._key_buf, key_states)
-        self._value_buf = bigger(self._value_buf, value_states)
-
-    def _set_length(self, length: int) -> None:
-        self._length = length
-        self.keys = self._key_buf[..., :length, :]
-        self.values = self._value_buf[..., :length, :]
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative number of tokens to remove")
-        if tokens_to_remove and self.is_initialized:
-            self._set_length(max(self._length + tokens_to_remove, 0))
+        self._key_buf = bigger(self._key_buf)
+        self._value_buf = bigger(self._value_buf)
 
     def get_seq_length(self) -> int:
-        return self._length if self.is_initialized else 0
+        return max(self.cache.lengths, default=0)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if self._key_buf is not None:
+            self._key_buf = self._key_buf.index_select(0, rows)
+            self._value_buf = self._value_buf.index_select(0, rows)
+
+    def append_rows(self, other: GrowableLayer) -> None:
+        """Add ``other``'s rows after this layer's (capacity becomes the larger of the two)."""
+        if other._key_buf is None:
+            return
+        if self._key_buf is None or self._key_buf.shape[0] == 0:
+            self._key_buf, self._value_buf = other._key_buf, other._value_buf
+            self.dtype, self.device, self.is_initialized = other.dtype, other.device, True
+            return
+        capacity = max(self._key_buf.shape[-2], other._key_buf.shape[-2])
+
+        def joined(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+            shape = (mine.shape[0] + theirs.shape[0], mine.shape[1], capacity, mine.shape[-1])
+            buf = torch.zeros(shape, dtype=mine.dtype, device=mine.device)
+            buf[: mine.shape[0], :, : mine.shape[-2]] = mine
+            buf[mine.shape[0] :, :, : theirs.shape[-2]] = theirs
+            return buf
+
+        self._key_buf = joined(self._key_buf, other._key_buf)
+        self._value_buf = joined(self._value_buf, other._value_buf)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("roll back through BatchKVCache.crop / rollback_rows")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("GrowableLayer holds one request per cache")
+        raise NotImplementedError("BatchKVCache rows are managed with select_rows / append_rows")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("GrowableLayer holds one request per cache")
+        raise NotImplementedError("BatchKVCache rows are managed with select_rows / append_rows")
 
 
-def new_kv_cache(config: PretrainedConfig) -> DynamicCache:
-    """A ``DynamicCache`` whose full-attention layers grow in place (others stay as they are)."""
-    cache = DynamicCache(config=config)
-    cache.layers = [GrowableLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-    return cache
+class BatchKVCache(DynamicCache):
+    """A ``DynamicCache`` of in-place layers whose rows are requests with their own lengths.
+
+    The owner of the forward calls :meth:`advance` after it, with how many of the written
+    positions each row keeps; layers write at the lengths as they were before the forward.
+    """
+
+    def __init__(self, config: PretrainedConfig, rows: int = 1) -> None:
+        super().__init__(config=config)
+        for layer in self.layers:
+            if type(layer) is not DynamicLayer:
+                raise ValueError(f"{type(layer).__name__} layers are not supported; specdec needs full-attention layers")
+        self.layers = [GrowableLayer(self) for _ in self.layers]
+        self.lengths = [0] * rows
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.lengths)
+
+    def advance(self, counts: list[int]) -> None:
+        self.lengths = [length + n for length, n in zip(self.lengths, counts, strict=True)]
+
+    def rollback_rows(self, counts: list[int]) -> None:
+        """Drop the last ``counts[b]`` positions of row ``b``."""
+        self.lengths = [max(length - n, 0) for length, n in zip(self.lengths, counts, strict=True)]
+
+    def crop(self, max_length: int) -> None:
+        """transformers' convention: a negative ``max_length`` removes that many positions from every row."""
+        if max_length >= 0:
+            self.lengths = [min(length, max_length) for length in self.lengths]
+        else:
+            self.rollback_rows([-max_length] * self.num_rows)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.lengths, default=0)
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keep only ``rows`` (in that order): finished requests leave the batch."""
+        index = None
+        for layer in self.layers:
+            if layer._key_buf is not None:
+                index = index if index is not None else torch.tensor(rows, dtype=torch.long, device=layer._key_buf.device)
+                layer.select_rows(index)
+        self.lengths = [self.lengths[r] for r in rows]
+
+    def append_rows(self, other: BatchKVCache) -> None:
+        """Move ``other``'s rows (e.g. a request just prefilled alone) to the end of this batch."""
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.append_rows(theirs)
+        self.lengths = self.lengths + other.lengths
+
+
+def new_kv_cache(config: PretrainedConfig, rows: int = 1) -> BatchKVCache:
+    """An empty cache for ``rows`` requests."""
+    return BatchKVCache(config, rows)

@@ -45,6 +45,9 @@ class LLM:
     :param dtype: ``auto`` (bfloat16 where the hardware has it natively), ``float32``,
         ``bfloat16`` or ``float16``; ignored for a loaded model.
     :param device: ``cuda``, ``cpu`` or ``None`` (CUDA when present).
+    :param max_batch_size: most requests decoded together (TensorRT-LLM ``max_batch_size``,
+        vLLM ``max_num_seqs``); ``generate`` over more prompts starts each waiting prompt as
+        soon as a running one finishes.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class LLM:
         tokenizer: Any = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
+        max_batch_size: int = 8,
     ) -> None:
         registry = get_registry()
         self.speculative_config = parse_speculative_config(speculative_config, registry)
@@ -64,7 +68,7 @@ class LLM:
             target, tokenizer = load_model(model, dtype, device)
         self.tokenizer = tokenizer
         self.runner = ModelRunner(target)
-        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry)
+        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry, max_batch_size)
         self._history: list[RequestMetrics] = []
 
     @property
@@ -95,18 +99,26 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | list[Prompt],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
         *,
         chat: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for each prompt; outputs keep the order of ``prompts``."""
-        params = sampling_params or SamplingParams()
+        """Generate for each prompt, up to ``max_batch_size`` at a time; outputs keep the order of
+        ``prompts``. ``sampling_params`` is one for all prompts or one per prompt (as in vLLM)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts, list) and isinstance(prompts[0], dict) and "role" in prompts[0]):
             prompts = [prompts]
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(prompts):
+                raise ConfigError(
+                    f"sampling_params: {len(sampling_params)} given for {len(prompts)} prompts (give one, or one per prompt)"
+                )
+            params = sampling_params
+        else:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        encoded = [self.encode(prompt, chat=chat) for prompt in prompts]
+        requests = self.engine.generate([self.engine.new_request(ids, p) for ids, p in zip(encoded, params)])
         outputs = []
-        for prompt in prompts:
-            prompt_ids = self.encode(prompt, chat=chat)
-            request = self.engine.run(self.engine.new_request(prompt_ids, params))
+        for prompt, prompt_ids, request in zip(prompts, encoded, requests):
             self._history.append(request.metrics)
             outputs.append(
                 RequestOutput(
@@ -126,9 +138,10 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         return self.generate(conversations, sampling_params, chat=True)
 
-    def warmup(self) -> None:
-        """Pay one-time kernel setup for every verify width now, not in the first timed request."""
-        self.engine.warmup()
+    def warmup(self, max_batch_size: int = 1) -> None:
+        """Pay one-time setup (kernels, the adaptive draft length's cost measurement) for every
+        verify width and every batch size up to ``max_batch_size`` now, not in a timed request."""
+        self.engine.warmup(max_batch_size)
 
     def get_metrics(self) -> RequestMetrics:
         """Speculation metrics aggregated over every request since creation or the last reset."""

@@ -1,8 +1,10 @@
-"""The target model runner: a Hugging Face causal LM with a KV cache per request.
+"""The target model runner: a Hugging Face causal LM over a batched, in-place KV cache.
 
-One forward serves prefill, plain decoding and verification: it appends ``token_ids`` to the
-request's cache and returns logits for every appended position. Rejected draft positions are
-removed again with :meth:`ModelRunner.rollback`.
+One forward serves prefill, plain decoding and verification: it appends tokens to the cache and
+returns logits for every appended position. Rejected draft positions are removed again with
+:meth:`ModelRunner.rollback` (every row) or :meth:`ModelRunner.rollback_rows` (per row).
+:meth:`ModelRunner.forward` runs one request; :meth:`ModelRunner.forward_rows` runs a batch
+whose requests have different cache lengths and append different numbers of tokens.
 
 Two extension points for the draft-head methods:
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.kv_cache import new_kv_cache
+from specdec.kv_cache import BatchKVCache, new_kv_cache
 
 
 @dataclass
@@ -39,8 +41,9 @@ class ModelRunner:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
 
-    def new_cache(self) -> DynamicCache:
-        return new_kv_cache(self.model.config)
+    def new_cache(self, rows: int = 1) -> BatchKVCache:
+        """An empty cache for ``rows`` requests (``rows=0`` for a batch that requests join later)."""
+        return new_kv_cache(self.model.config, rows)
 
     @torch.inference_mode()
     def forward(
@@ -66,14 +69,58 @@ class ModelRunner:
             output_hidden_states=self.capture_hidden_states,
             logits_to_keep=1 if last_only else 0,
         )
+        if isinstance(cache, BatchKVCache):
+            cache.advance([len(token_ids)])
         hidden = tuple(h[0] for h in out.hidden_states) if self.capture_hidden_states else None
         return RunnerOutput(out.logits[0].float(), hidden)
 
+    @torch.inference_mode()
+    def forward_rows(self, cache: BatchKVCache, rows: list[list[int]]) -> list[RunnerOutput]:
+        """Append ``rows[b]`` to request ``b`` of a batch; each row's logits ``[len(rows[b]), vocab]``.
+
+        Rows are padded to the longest. Row ``b``'s tokens sit at positions
+        ``cache.lengths[b]`` onward and attend only to that row's own cache and their
+        predecessors, so each row's logits equal a forward of that request alone (up to
+        floating-point summation order). Padding writes cache entries past the row's new
+        length, which its next forward overwrites.
+        """
+        if len(rows) != cache.num_rows:
+            raise ValueError(f"{len(rows)} rows of tokens for a cache of {cache.num_rows} requests")
+        width = max(len(r) for r in rows)
+        starts = torch.tensor(cache.lengths, device=self.device)
+        input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
+        offsets = torch.arange(width, device=self.device)
+        position_ids = starts[:, None] + offsets[None, :]
+        kv_positions = torch.arange(int(starts.max()) + width, device=self.device)
+        allowed = kv_positions[None, None, :] <= position_ids[:, :, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=input_ids,
+            past_key_values=cache,
+            use_cache=True,
+            position_ids=position_ids,
+            attention_mask=mask[:, None],
+            output_hidden_states=self.capture_hidden_states,
+        )
+        cache.advance([len(r) for r in rows])
+        logits = out.logits.float()
+        outputs = []
+        for b, r in enumerate(rows):
+            hidden = tuple(h[b, : len(r)] for h in out.hidden_states) if self.capture_hidden_states else None
+            outputs.append(RunnerOutput(logits[b, : len(r)], hidden))
+        return outputs
+
     @staticmethod
     def rollback(cache: DynamicCache, num_tokens: int) -> None:
-        """Drop the last ``num_tokens`` positions (rejected drafts) from ``cache``."""
+        """Drop the last ``num_tokens`` positions (rejected drafts) from every row of ``cache``."""
         if num_tokens > 0:
             cache.crop(-num_tokens)
+
+    @staticmethod
+    def rollback_rows(cache: BatchKVCache, counts: list[int]) -> None:
+        """Drop the last ``counts[b]`` positions of row ``b``."""
+        cache.rollback_rows(counts)
 
     @staticmethod
     def cache_length(cache: DynamicCache) -> int:

@@ -13,6 +13,8 @@ pytest then runs every ``test_*`` below against the method, on a tiny random fp3
 - greedy output equals plain greedy output token for token, with drafts actually accepted;
 - sampled output follows the target distribution (chi-square test against the exact joint
   distribution of the first tokens, with both acceptances and rejections observed);
+- prompts decoded as a batch (ragged acceptance, requests leaving and joining) give each
+  prompt's own plain greedy output;
 - a stop token inside a run of accepted drafts ends the output exactly where plain decoding does;
 - metrics add up; resources are released when the ``LLM`` closes.
 """
@@ -156,9 +158,12 @@ class MethodConformance:
         observed: dict[tuple[int, ...], int] = {}
         llm = LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer)
         try:
-            for seed in range(self.num_samples):
-                params = self.sampling.model_copy(update={"seed": seed, "max_tokens": self.sample_length, "ignore_eos": True})
-                out = llm.generate({"prompt_token_ids": prompt}, params)[0]
+            # One call: the requests run in batches, each with its own seed.
+            params = [
+                self.sampling.model_copy(update={"seed": seed, "max_tokens": self.sample_length, "ignore_eos": True})
+                for seed in range(self.num_samples)
+            ]
+            for out in llm.generate([{"prompt_token_ids": prompt}] * self.num_samples, params):
                 key = tuple(out.token_ids)
                 observed[key] = observed.get(key, 0) + 1
             metrics = llm.get_metrics()
@@ -169,6 +174,21 @@ class MethodConformance:
         )
         p_value = chi_square_p_value(observed, expected, self.num_samples)
         assert p_value > P_VALUE_FLOOR, f"sampled outputs do not follow the target (p={p_value:.2e})"
+
+    def test_batched_greedy_equals_each_prompts_plain_greedy(
+        self, target: TinyTarget, config: Any, plain: LLM, prompts: list[list[int]]
+    ) -> None:
+        """Prompts decoded together, with ragged acceptance, requests leaving the batch and
+        waiting ones joining it, each give exactly their own plain greedy output (fp32)."""
+        params = [SamplingParams(max_tokens=12 + 5 * i) for i in range(len(prompts))]
+        expected = [plain.generate({"prompt_token_ids": ids}, p)[0].token_ids for ids, p in zip(prompts, params)]
+        llm = LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer, max_batch_size=3)
+        try:
+            outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+        finally:
+            llm.close()
+        assert [o.token_ids for o in outputs] == expected
+        assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0, "no draft was accepted in the batch"
 
     def test_stop_token_inside_accepted_drafts(self, plain: LLM, spec: LLM, prompts: list[list[int]]) -> None:
         """A stop token met inside a run of accepted drafts ends output exactly as plain decoding."""
