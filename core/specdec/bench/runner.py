@@ -3,6 +3,10 @@
 All modes share one loaded model. Before timing, each mode runs once (warm-up). For multi-turn
 prompts every mode answers the same conversation: later turns carry the plain decoding's
 earlier answers, so each mode processes identical inputs.
+
+With a batch size above 1, prompts of one category and turn run together in batches, each mode
+on the same batch in turn; a request's time is its batch's wall time divided by the batch size,
+so throughput sums (output tokens over wall time) stay exact per category and overall.
 """
 
 from __future__ import annotations
@@ -65,10 +69,14 @@ class HFPeer:
 
 
 def _run_llm(llm: LLM, prompt_ids: list[int], params: SamplingParams) -> Run:
+    return _run_llm_batch(llm, [prompt_ids], params)[0]
+
+
+def _run_llm_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[Run]:
     start = time.perf_counter()
-    out = llm.generate({"prompt_token_ids": prompt_ids}, params)[0]
-    seconds = time.perf_counter() - start
-    return Run(out.token_ids, seconds, out.metrics)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+    share = (time.perf_counter() - start) / len(prompts)
+    return [Run(out.token_ids, share, out.metrics) for out in outputs]
 
 
 def run_benchmark(
@@ -107,4 +115,46 @@ def run_benchmark(
                 on_turn(result)
             answer = plain.tokenizer.decode(runs[PLAIN].tokens, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": answer})
+    return results
+
+
+def run_batched_benchmark(
+    plain: LLM,
+    spec: LLM,
+    questions: list[Question],
+    params: SamplingParams,
+    max_turns: int,
+    batch_size: int,
+    on_turn: Callable[[TurnResult], None] | None = None,
+) -> list[TurnResult]:
+    """Throughput of plain and speculative batched decoding on the same batches, interleaved."""
+    for llm in (plain, spec):
+        llm.warmup(batch_size)
+    warm = plain.encode(questions[0].turns[0], chat=True)
+    for llm in (plain, spec):
+        _run_llm_batch(llm, [warm] * min(batch_size, len(questions)), params.model_copy(update={"max_tokens": 8}))
+
+    conversations: dict[str, list[dict[str, str]]] = {q.question_id: [] for q in questions}
+    categories = list(dict.fromkeys(q.category for q in questions))
+    results = []
+    order = [PLAIN, SPEC]
+    for turn in range(max_turns):
+        for category in categories:
+            group = [q for q in questions if q.category == category and len(q.turns) > turn]
+            for first in range(0, len(group), batch_size):
+                batch = group[first : first + batch_size]
+                prompts = []
+                for q in batch:
+                    conversations[q.question_id].append({"role": "user", "content": q.turns[turn]})
+                    prompts.append(plain.encode(conversations[q.question_id], chat=True))
+                llms = {PLAIN: plain, SPEC: spec}
+                runs = {mode: _run_llm_batch(llms[mode], prompts, params) for mode in order}
+                order = order[1:] + order[:1]
+                for i, q in enumerate(batch):
+                    result = TurnResult(q.question_id, category, turn, {mode: runs[mode][i] for mode in runs})
+                    results.append(result)
+                    if on_turn:
+                        on_turn(result)
+                    answer = plain.tokenizer.decode(runs[PLAIN][i].tokens, skip_special_tokens=True)
+                    conversations[q.question_id].append({"role": "assistant", "content": answer})
     return results

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specdec.bench.dataset import load_questions
 from specdec.bench.report import plot_summary, summarize, summary_table
-from specdec.bench.runner import HFPeer, TurnResult, run_benchmark
+from specdec.bench.runner import HFPeer, TurnResult, run_batched_benchmark, run_benchmark
 from specdec.cli.common import build_config, method_options, model_options, quiet_transformers, sampling_options, sampling_params
 from specdec.errors import ConfigError
 from specdec.llm import LLM
@@ -32,9 +32,11 @@ BASELINES = {"none", "hf"}
 @click.option("--max-turns", type=click.IntRange(min=1), default=2, show_default=True, help="Turns per prompt (mt_bench prompts have 2).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
 def bench(config_file, method, max_draft_len, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
-          categories, num_prompts, max_turns, max_tokens, baseline, json_out) -> None:
+          categories, num_prompts, max_turns, max_tokens, baseline, batch_size, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
     config = build_config(config_file, method, max_draft_len, settings)
     if config is None:
@@ -49,10 +51,12 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
     quiet_transformers()
     console = Console()
     with console.status("loading model"):
-        plain = LLM(model, None, dtype=dtype, device=device)
-        spec = LLM(plain.model, config, tokenizer=plain.tokenizer)
+        plain = LLM(model, None, dtype=dtype, device=device, max_batch_size=batch_size)
+        spec = LLM(plain.model, config, tokenizer=plain.tokenizer, max_batch_size=batch_size)
     hf = None
-    if "hf" in baselines:
+    if "hf" in baselines and batch_size > 1:
+        console.print("[yellow]transformers' assisted generation decodes one sequence at a time; skipping the hf baseline at --batch-size above 1[/]")
+    elif "hf" in baselines:
         kwargs = get_registry().hook.specdec_hf_generate_kwargs(config=spec.speculative_config, target=spec.engine.target)
         if kwargs is None:
             console.print(f"[yellow]transformers has no equivalent of {spec.method!r}; skipping the hf baseline[/]")
@@ -60,6 +64,8 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
             hf = HFPeer(plain, kwargs, params)
     total = sum(min(len(q.turns), max_turns) for q in questions)
     title = f"{spec.method} on {Path(str(plain.model.name_or_path)).name}, {plain.runner.dtype}, {dataset}"
+    if batch_size > 1:
+        title += f", batch {batch_size}"
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("benchmarking", total=total)
@@ -67,7 +73,10 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
         def advance(result: TurnResult) -> None:
             progress.update(task, advance=1, description=f"{result.category} #{result.question_id}")
 
-        results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance)
+        if batch_size > 1:
+            results = run_batched_benchmark(plain, spec, questions, params, max_turns, batch_size, on_turn=advance)
+        else:
+            results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance)
     summary = summarize(results, params.greedy)
     console.print(summary_table(summary, title))
     if json_out:
@@ -79,6 +88,7 @@ def bench(config_file, method, max_draft_len, settings, model, dtype, device, te
             "dtype": str(plain.runner.dtype),
             "device": str(plain.runner.device),
             "threads": torch.get_num_threads(),
+            "batch_size": batch_size,
             "machine": platform.machine(),
             "sampling": params.model_dump(),
             "hf_kwargs": sorted(hf.kwargs) if hf else None,
