@@ -64,3 +64,15 @@ def test_ngram_sampling_follows_target_on_real_model(plain: LLM) -> None:
             observed[tuple(out.token_ids)] = observed.get(tuple(out.token_ids), 0) + 1
         assert ngram.get_metrics().num_accepted_tokens > 0
     assert chi_square_p_value(observed, expected, n) > P_VALUE_FLOOR
+
+
+def test_batched_ngram_greedy_is_lossless(plain: LLM, ngram: LLM) -> None:
+    """Four Spec-Bench prompts decoded together (ragged acceptance, different prompt lengths)
+    each give exactly their own plain greedy output."""
+    questions = load_questions("spec_bench", ["summarization", "rag", "coding", "writing"], per_category=1)
+    prompts = [q.turns[0] for q in questions]
+    params = [SamplingParams(max_tokens=n) for n in (48, 40, 56, 32)]
+    expected = [plain.generate(p, sp, chat=True)[0].token_ids for p, sp in zip(prompts, params)]
+    outputs = ngram.generate(prompts, params, chat=True)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
