@@ -43,9 +43,10 @@ class GrowableLayer(DynamicLayer):
             self._key_buf[..., first : first + width, :] = key_states
             self._value_buf[..., first : first + width, :] = value_states
         else:
-            for row, start in enumerate(starts):
-                self._key_buf[row, :, start : start + width] = key_states[row]
-                self._value_buf[row, :, start : start + width] = value_states[row]
+            rows, positions = self.cache.write_index(width, key_states.device)
+            # Advanced indices around a slice put their dimensions first: [rows, width, heads, dim].
+            self._key_buf[rows, :, positions] = key_states.transpose(1, 2)
+            self._value_buf[rows, :, positions] = value_states.transpose(1, 2)
         self.keys = self._key_buf[..., :end, :]
         self.values = self._value_buf[..., :end, :]
         return self.keys, self.values
@@ -115,6 +116,24 @@ class BatchKVCache(DynamicCache):
                 raise ValueError(f"{type(layer).__name__} layers are not supported; specdec needs full-attention layers")
         self.layers = [GrowableLayer(self) for _ in self.layers]
         self.lengths = [0] * rows
+
+    @property
+    def lengths(self) -> list[int]:
+        return self._lengths
+
+    @lengths.setter
+    def lengths(self, value: list[int]) -> None:
+        self._lengths = value
+        self._write_index: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def write_index(self, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row and position indices where this forward writes ``width`` entries per row
+        (computed once per forward, shared by every layer)."""
+        if self._write_index is None or self._write_index[0] != width:
+            starts = torch.tensor(self._lengths, device=device)
+            positions = starts[:, None] + torch.arange(width, device=device)[None, :]
+            self._write_index = (width, (torch.arange(len(self._lengths), device=device)[:, None], positions))
+        return self._write_index[1]
 
     @property
     def num_rows(self) -> int:
