@@ -33,3 +33,39 @@ def test_tree_attention_layout():
         [1, 1, 1, 1, 0, 1, 0],
         [1, 1, 1, 1, 1, 0, 1],
     ]
+
+
+def test_batched_tree_rows_equal_chains_and_compact_to_the_accepted_path(tiny):
+    """A batch mixing a tree row and a chain row: every tree node gets its own path's logits;
+    after moving an accepted path's entries together, the next forward equals one over a cache
+    that only ever saw that path."""
+    runner = ModelRunner(tiny.model)
+    prompts = [list(range(3, 20)), list(range(8, 30))]
+    # Row 0: root 4, children 5 and 6, 7 under 5, 8 under 6. Row 1: a chain.
+    tree, tree_parents = [4, 5, 6, 7, 8], [-1, 0, 0, 1, 2]
+    chain = [9, 10, 11]
+    batch = runner.new_cache(rows=0)
+    for prompt in prompts:
+        single = runner.new_cache()
+        runner.forward(single, prompt)
+        batch.append_rows(single)
+    outputs = runner.forward_rows(batch, [tree, chain], parents=[tree_parents, None])
+
+    def alone(prompt, tokens):
+        cache = runner.new_cache()
+        runner.forward(cache, prompt)
+        return cache, runner.forward(cache, tokens).logits
+
+    for path in ([0, 1, 3], [0, 2, 4]):
+        _, expected = alone(prompts[0], [tree[i] for i in path])
+        torch.testing.assert_close(outputs[0].logits[path], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[1].logits, alone(prompts[1], chain)[1], atol=1e-5, rtol=1e-5)
+
+    # Accept root -> 6 -> 8 (row-local 0, 2, 4): move them to follow the prompt directly.
+    start = len(prompts[0])
+    batch.move_entries(0, [start + 2, start + 4], start + 1)
+    runner.rollback_rows(batch, [2, 0])
+    assert batch.lengths == [start + 3, len(prompts[1]) + 3]
+    after = runner.forward_rows(batch, [[12], [13]])
+    path_cache, _ = alone(prompts[0], [4, 6, 8])
+    torch.testing.assert_close(after[0].logits, runner.forward(path_cache, [12]).logits, atol=1e-5, rtol=1e-5)

@@ -198,13 +198,24 @@ class Engine:
             proposals = [_truncate(p, keep) if len(p) > keep else p for p in proposals]
         drafted = time.perf_counter()
         rows = [[r.token_ids[-1], *p.token_ids] for r, p in zip(batch, proposals)]
-        outputs = [runner.forward(cache, rows[0])] if len(batch) == 1 else runner.forward_rows(cache, rows)
+        trees = [None if p.parents is None else [-1, *(q + 1 for q in p.parents)] for p in proposals]
+        starts = list(cache.lengths)
+        if any(t is not None for t in trees):
+            outputs = runner.forward_rows(cache, rows, parents=trees)
+        elif len(batch) == 1:
+            outputs = [runner.forward(cache, rows[0])]
+        else:
+            outputs = runner.forward_rows(cache, rows)
         if self._sync:
             self._sync()
         forwarded = time.perf_counter()
         for request, output in zip(batch, outputs):
             request.target_output = output
         results = self._verify(batch, proposals, [o.logits for o in outputs])
+        for row, (proposal, result) in enumerate(zip(proposals, results)):
+            path = [starts[row] + 1 + i for i in result.path()]
+            if path != list(range(starts[row] + 1, starts[row] + 1 + len(path))):
+                cache.move_entries(row, path, starts[row] + 1)
         runner.rollback_rows(cache, [len(p) - res.num_accepted for p, res in zip(proposals, results)])
         verified = time.perf_counter()
         for request, proposal, result in zip(batch, proposals, results):
@@ -234,6 +245,13 @@ class Engine:
             proposal.token_ids = [int(t) for t in proposal.token_ids]
             if not all(0 <= t < vocab for t in proposal.token_ids):
                 raise PluginError(f"method {self.method.name!r} drafted a token id outside [0, {vocab})")
+            if proposal.parents is not None and (
+                len(proposal.parents) != len(proposal)
+                or not all(-1 <= int(p) < i for i, p in enumerate(proposal.parents))
+            ):
+                raise PluginError(
+                    f"method {self.method.name!r} proposed a tree whose parents do not come before their children"
+                )
             if len(proposal) > request.max_draft_len:
                 proposals[i] = _truncate(proposal, request.max_draft_len)
         return proposals
@@ -243,7 +261,9 @@ class Engine:
         if results is None or len(results) != len(requests):
             raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
         for result, proposal in zip(results, proposals):
-            if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < self.runner.vocab_size:
+            if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < self.runner.vocab_size or (
+                proposal.parents is not None and not _is_tree_path(proposal.parents, result)
+            ):
                 raise PluginError(
                     f"method {self.method.name!r}: verify kept {result.num_accepted} of {len(proposal)} drafts "
                     f"with next token {result.next_token}"
@@ -271,5 +291,15 @@ class Engine:
 
 
 def _truncate(proposal: DraftProposal, length: int) -> DraftProposal:
+    """The first ``length`` drafts (for a tree: its first nodes, still a tree, as parents come first)."""
     probs = proposal.probs[:length] if proposal.probs is not None else None
-    return DraftProposal(proposal.token_ids[:length], probs)
+    parents = proposal.parents[:length] if proposal.parents is not None else None
+    return DraftProposal(proposal.token_ids[:length], probs, parents)
+
+
+def _is_tree_path(parents: list[int], result: VerifyResult) -> bool:
+    """Whether a tree's verify result names a root-down path of ``num_accepted`` nodes."""
+    path = result.accepted_nodes
+    if path is None or len(path) != result.num_accepted:
+        return False
+    return all(0 <= node < len(parents) and parents[node] == (path[k - 1] if k else -1) for k, node in enumerate(path))

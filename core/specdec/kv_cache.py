@@ -156,6 +156,16 @@ class BatchKVCache(DynamicCache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths, default=0)
 
+    def move_entries(self, row: int, sources: list[int], destination: int) -> None:
+        """Copy row ``row``'s entries at positions ``sources`` to ``destination`` onward, in every
+        layer: an accepted path through a draft tree becomes a contiguous run of the cache."""
+        for layer in self.layers:
+            if layer._key_buf is not None:
+                index = torch.tensor(sources, dtype=torch.long, device=layer._key_buf.device)
+                end = destination + len(sources)
+                layer._key_buf[row, :, destination:end] = layer._key_buf[row, :, index]
+                layer._value_buf[row, :, destination:end] = layer._value_buf[row, :, index]
+
     def select_rows(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in that order): finished requests leave the batch."""
         index = None

@@ -49,15 +49,20 @@ class Request:
 
 @dataclass
 class DraftProposal:
-    """Draft tokens for one request: a chain, verified in one target forward.
+    """Draft tokens for one request, verified in one target forward: a chain or a tree.
 
     ``probs`` is the draft distribution each token was sampled from (``[len(token_ids), vocab]``,
     shaped by :func:`specdec.sampling.logits_to_probs`); ``None`` means a deterministic draft
     (n-gram, one-hot q), which rejection sampling handles exactly.
+
+    ``parents`` makes the proposal a tree: ``token_ids`` are its nodes laid out flat and
+    ``parents[i]`` is node ``i``'s parent index, ``-1`` for a child of the request's last token;
+    a parent comes before its child. ``None`` is a chain.
     """
 
     token_ids: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -65,11 +70,20 @@ class DraftProposal:
 
 @dataclass
 class VerifyResult:
-    """What verification decided for one request: the drafts kept and the token after them."""
+    """What verification decided for one request: the drafts kept and the token after them.
+
+    For a tree proposal, ``accepted_nodes`` lists the kept path's node indices from the root
+    down (``num_accepted`` of them).
+    """
 
     num_accepted: int
     next_token: int
+    accepted_nodes: list[int] | None = None
+
+    def path(self) -> list[int]:
+        """Indices into the proposal's ``token_ids`` of the kept drafts, in order."""
+        return self.accepted_nodes if self.accepted_nodes is not None else list(range(self.num_accepted))
 
     def emitted(self, proposal: DraftProposal) -> list[int]:
         """The tokens this step adds: accepted drafts, then the bonus or recovered token."""
-        return proposal.token_ids[: self.num_accepted] + [self.next_token]
+        return [proposal.token_ids[i] for i in self.path()] + [self.next_token]

@@ -75,26 +75,39 @@ class ModelRunner:
         return RunnerOutput(out.logits[0].float(), hidden)
 
     @torch.inference_mode()
-    def forward_rows(self, cache: BatchKVCache, rows: list[list[int]]) -> list[RunnerOutput]:
+    def forward_rows(
+        self, cache: BatchKVCache, rows: list[list[int]], parents: list[list[int] | None] | None = None
+    ) -> list[RunnerOutput]:
         """Append ``rows[b]`` to request ``b`` of a batch; each row's logits ``[len(rows[b]), vocab]``.
 
-        Rows are padded to the longest. Row ``b``'s tokens sit at positions
-        ``cache.lengths[b]`` onward and attend only to that row's own cache and their
-        predecessors, so each row's logits equal a forward of that request alone (up to
-        floating-point summation order). Padding writes cache entries past the row's new
-        length, which its next forward overwrites.
+        Rows are padded to the longest. Row ``b``'s tokens are written at ``cache.lengths[b]``
+        onward and attend only to that row's own cache and their own predecessors, so each row's
+        logits equal a forward of that request alone (up to floating-point summation order).
+        Padding writes cache entries past the row's new length, which its next forward overwrites.
+
+        ``parents[b]``, when given, makes row ``b`` a tree: ``parents[b][j]`` is the index within
+        the row of token ``j``'s parent (``-1`` for the first token, the root). Each token then sits
+        at ``cache.lengths[b] + depth`` and attends to the cache and its own ancestors; ``None``
+        (or no ``parents``) is a chain.
         """
         if len(rows) != cache.num_rows:
             raise ValueError(f"{len(rows)} rows of tokens for a cache of {cache.num_rows} requests")
         width = max(len(r) for r in rows)
-        starts = torch.tensor(cache.lengths, device=self.device)
+        starts = cache.lengths
         input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
-        offsets = torch.arange(width, device=self.device)
-        position_ids = starts[:, None] + offsets[None, :]
-        kv_positions = torch.arange(int(starts.max()) + width, device=self.device)
-        allowed = kv_positions[None, None, :] <= position_ids[:, :, None]
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        kv_length = max(starts) + width
+        allowed = torch.arange(kv_length)[None, None, :] < torch.tensor(starts)[:, None, None]
+        allowed = allowed.expand(len(rows), width, kv_length).clone()
+        depths = []
+        for b, start in enumerate(starts):
+            row_parents = parents[b] if parents is not None else None
+            visible, depth = _visibility(row_parents, width)
+            allowed[b, :, start : start + width] = visible
+            depths.append([start + d for d in depth])
+        position_ids = torch.tensor(depths, device=self.device)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = mask.to(self.device)
         out = self.model(
             input_ids=input_ids,
             past_key_values=cache,
@@ -125,6 +138,30 @@ class ModelRunner:
     @staticmethod
     def cache_length(cache: DynamicCache) -> int:
         return cache.get_seq_length()
+
+
+def _visibility(parents: list[int] | None, width: int) -> tuple[torch.Tensor, list[int]]:
+    """Which of a row's ``width`` new tokens each one sees (itself and its ancestors), and depths.
+
+    Padding past a tree's tokens sees only itself and the root.
+    """
+    if parents is None:
+        return torch.ones(width, width, dtype=torch.bool).tril_(), list(range(width))
+    visible = torch.eye(width, dtype=torch.bool)
+    visible[:, 0] = True
+    depth = [0] * width
+    for j, parent in enumerate(parents):
+        if j == 0:
+            if parent != -1:
+                raise ValueError("a tree row's first token is its root: its parent must be -1")
+            continue
+        if not 0 <= parent < j:
+            raise ValueError(f"parents[{j}] = {parent}: a parent must come before its child")
+        visible[j] |= visible[parent]
+        depth[j] = depth[parent] + 1
+    for j in range(len(parents), width):
+        depth[j] = 1
+    return visible, depth
 
 
 def tree_attention(
