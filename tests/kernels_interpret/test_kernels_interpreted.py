@@ -11,13 +11,12 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
 from triton.runtime.interpreter import InterpretedFunction
 
 from specdec import LLM, SamplingParams, kernels
 from specdec.kernels import dispatch, reference
 from specdec.kernels import triton_kernels as tk
-from specdec.testing.conformance import P_VALUE_FLOOR
+from specdec.testing.conformance import P_VALUE_FLOOR, chi_square_p_value
 
 
 def test_kernels_are_interpreted() -> None:
@@ -162,30 +161,31 @@ def _exact_outcomes(drafts: list[int], p: torch.Tensor, q: torch.Tensor) -> dict
 
 
 def test_rejection_kernel_samples_the_target_distribution() -> None:
-    """Sampled output follows the target: with fixed drafts, the (accepted count, next token)
-    pairs of 400 kernel draws fit their exact probabilities (chi-square), and with drafts drawn
-    from q, the first emitted token follows p (the lossless property)."""
+    """Sampled output follows the target. 500 requests draw their drafts from q and go through
+    the kernel in one batch: the first emitted token follows p (the lossless property), and the
+    (accepted count, next token) pairs fit their exact probabilities, which check the acceptance
+    rule, the recovered tokens and the bonus token (chi-square, small cells pooled)."""
     g = torch.Generator().manual_seed(7)
     p = torch.tensor([[0.10, 0.40, 0.20, 0.30], [0.30, 0.05, 0.25, 0.40], [0.25, 0.25, 0.10, 0.40]])
     q = torch.tensor([[0.05, 0.15, 0.50, 0.30], [0.10, 0.60, 0.10, 0.20]])
-    n = 400
-    drafts = [2, 1]
-    draft_ids = torch.tensor([drafts] * n)
-    num_drafts = torch.full((n,), 2)
-    args = (draft_ids, num_drafts, q.expand(n, 2, 4), p.expand(n, 3, 4))
-    got = tk.rejection_accept(*args, torch.rand(n, 2, generator=g), torch.empty(n, 4).exponential_(generator=g))
-    counts = Counter(zip(got.num_accepted.tolist(), got.output_ids.gather(1, got.num_accepted[:, None])[:, 0].tolist()))
-    exact = _exact_outcomes(drafts, p, q)
-    outcomes = [o for o, mass in exact.items() if mass > 0]
-    assert sum(counts.values()) == sum(counts[o] for o in outcomes), "an outcome of probability 0 was drawn"
-    assert 2 <= len({o[0] for o in counts}), "too few acceptance counts seen for the test to mean anything"
-    total = sum(exact[o] for o in outcomes)  # 1 up to float rounding, which chisquare refuses
-    assert chisquare([counts[o] for o in outcomes], [exact[o] / total * n for o in outcomes]).pvalue > P_VALUE_FLOOR
+    n = 500
+    draft_ids = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(2)], dim=1)
+    got = tk.rejection_accept(
+        draft_ids, torch.full((n,), 2), q.expand(n, 2, 4), p.expand(n, 3, 4),
+        torch.rand(n, 2, generator=g), torch.empty(n, 4).exponential_(generator=g),
+    )
+    first = Counter((row[0],) for row in got.output_ids.tolist())
+    assert chi_square_p_value(first, {(t,): float(p[0, t]) for t in range(4)}, n) > P_VALUE_FLOOR
 
-    sampled_drafts = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(2)], dim=1)
-    got = tk.rejection_accept(sampled_drafts, *args[1:], torch.rand(n, 2, generator=g), torch.empty(n, 4).exponential_(generator=g))
-    first = Counter(got.output_ids[:, 0].tolist())
-    assert chisquare([first[t] for t in range(4)], (p[0].double() / p[0].double().sum() * n).tolist()).pvalue > P_VALUE_FLOOR
+    exact: Counter = Counter()
+    for d0, d1 in itertools.product(range(4), repeat=2):
+        for outcome, mass in _exact_outcomes([d0, d1], p, q).items():
+            exact[outcome] += float(q[0, d0] * q[1, d1]) * mass
+    next_tokens = got.output_ids.gather(1, got.num_accepted[:, None])[:, 0]
+    pairs = Counter(zip(got.num_accepted.tolist(), next_tokens.tolist()))
+    assert all(exact[o] > 0 for o in pairs), "an outcome of probability 0 was drawn"
+    assert {0, 1, 2} <= {o[0] for o in pairs}, "too few acceptance counts seen for the test to mean anything"
+    assert chi_square_p_value(pairs, dict(exact), n) > P_VALUE_FLOOR
 
 
 # -- tree acceptance ----------------------------------------------------------------------------

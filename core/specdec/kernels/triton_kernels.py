@@ -17,8 +17,8 @@ import triton.language as tl
 
 from specdec.kernels.reference import Acceptance, TreeAcceptance
 
-#: Vocabulary chunk a rejection-sampling program scans per loop iteration.
-BLOCK_V = 1024
+#: Largest vocabulary chunk a rejection-sampling program scans per loop iteration.
+MAX_BLOCK_V = 1024
 
 
 @triton.jit
@@ -162,7 +162,7 @@ def greedy_accept(draft_ids: torch.Tensor, num_drafts: torch.Tensor, target_argm
     output_ids = torch.empty(batch, k + 1, dtype=torch.long, device=draft_ids.device)
     if batch:
         greedy_accept_kernel[(batch,)](
-            draft_ids, num_drafts, target_argmax, num_accepted, output_ids, k, BLOCK_K=_block(k + 1), num_warps=1
+            draft_ids, num_drafts, target_argmax, num_accepted, output_ids, k, BLOCK_K=_block(k + 1), num_warps=1, enable_fp_fusion=False
         )
     return Acceptance(num_accepted, output_ids)
 
@@ -186,7 +186,7 @@ def rejection_accept(
         rejection_accept_kernel[(batch,)](
             draft_ids, num_drafts, draft_probs if draft_probs is not None else target_probs, target_probs,
             uniform, exponential, num_accepted, output_ids, k, vocab,
-            HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_K=_block(k + 1), BLOCK_V=BLOCK_V, num_warps=4,
+            HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_K=_block(k + 1), BLOCK_V=min(MAX_BLOCK_V, _block(vocab)), num_warps=4, enable_fp_fusion=False,
         )
     return Acceptance(num_accepted, output_ids)
 
@@ -203,6 +203,6 @@ def tree_accept(
     if batch:
         tree_accept_kernel[(batch,)](
             node_ids, parents, num_nodes, target_argmax, num_accepted, accepted_nodes, next_token,
-            n, BLOCK_N=_block(n), num_warps=1,
+            n, BLOCK_N=_block(n), num_warps=1, enable_fp_fusion=False,
         )
     return TreeAcceptance(num_accepted, accepted_nodes, next_token)
