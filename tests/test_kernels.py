@@ -230,7 +230,7 @@ def test_failed_triton_import_falls_back_to_torch(probe: pytest.MonkeyPatch) -> 
 def test_without_cuda_triton_is_not_imported(probe: pytest.MonkeyPatch) -> None:
     """On a machine without CUDA the probe answers without importing triton (a second saved)."""
     probe.setitem(sys.modules, "triton", None)
-    assert kernels.triton_status().reason.startswith("no CUDA device (triton")
+    assert kernels.triton_status().reason.startswith("no CUDA device; triton")
     assert kernels.backend_for(CPU) == "torch"
 
 
@@ -298,3 +298,40 @@ def test_kernels_under_the_triton_interpreter() -> None:
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+
+
+# -- specdec bench-kernels ------------------------------------------------------------------------
+
+
+def test_bench_kernels_runs_the_torch_path_on_cpu(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine without a GPU, `specdec bench-kernels` times every operation on the torch path,
+    prints the table and says why the kernels were not timed."""
+    from specdec.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["bench-kernels", "--batch", "1,3", "--draft-len", "3", "--vocab", "50", "--iters", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(rows) == 8, out  # 4 operations x 2 batch sizes
+    assert all(float(row.split("│")[3]) > 0 for row in rows)
+    assert "triton kernels not timed: no CUDA device" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ops", "greedy,foo"], "--ops: unknown foo; choose from greedy, rejection, rejection-onehot, tree"),
+        (["--batch", "1,x"], "--batch: expected a comma list of integers"),
+        (["--batch", "0"], "--batch: batch sizes must be at least 1"),
+        (["--device", "cuda"], "--device: cuda requested, but no CUDA device is available"),
+    ],
+)
+def test_bench_kernels_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad options are one line on stderr and exit code 2."""
+    from specdec.cli.main import main
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["bench-kernels", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

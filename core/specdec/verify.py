@@ -116,5 +116,5 @@ def _draft_probs(proposals: list[DraftProposal], batch: int, k: int, vocab: int,
                 )
             draft_probs[row, :n] = proposal.probs[:n]
         elif n:
-            draft_probs[row, torch.arange(n), torch.tensor(proposal.token_ids)] = 1.0
+            draft_probs[row, :n].scatter_(1, torch.tensor(proposal.token_ids, device=device)[:, None], 1.0)
     return draft_probs

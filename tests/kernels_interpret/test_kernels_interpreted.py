@@ -280,3 +280,14 @@ def test_engine_on_the_kernels_matches_the_torch_path(tiny, monkeypatch: pytest.
     accepted = sum(o.metrics.num_accepted_tokens for o in outputs["triton"])
     drafted = sum(o.metrics.num_draft_tokens for o in outputs["triton"])
     assert 0 < accepted < drafted
+
+
+def test_bench_kernels_times_the_kernels(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specdec bench-kernels` runs the kernels beside the torch path (here under the
+    interpreter) and finds the same results for every operation and batch size."""
+    from specdec.cli.main import main
+
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["bench-kernels", "--batch", "1,2", "--draft-len", "3", "--vocab", "64", "--iters", "1", "--device", "cpu"]) == 0
+    rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
+    assert len(rows) == 8 and all(row[6].strip() == "yes" and float(row[4]) > 0 for row in rows), rows

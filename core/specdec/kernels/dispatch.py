@@ -60,7 +60,7 @@ def triton_status() -> TritonStatus:
             installed = f"triton {importlib.metadata.version('triton')} is installed"
         except importlib.metadata.PackageNotFoundError:
             installed = "triton is not installed"
-        return TritonStatus(False, f"no CUDA device ({installed})")
+        return TritonStatus(False, f"no CUDA device; {installed}")
     try:
         triton = importlib.import_module("triton")
     except Exception as exc:  # ImportError, or a broken install raising anything at import

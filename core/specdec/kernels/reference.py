@@ -88,15 +88,17 @@ def rejection_accept(
     # Accept iff u < p/q, written as u * q < p to stay exact when q == 1.
     num_accepted = _first_true(~(uniform.float() * q_draft < p_draft) & valid, num_drafts)
 
-    p_row = p[rows, num_accepted]
+    # Row picks by flat index_select / gather: torch's advanced indexing is slow on CPU (and
+    # pathologically so with several OpenMP threads on a busy machine).
+    p_row = p.reshape(batch * (k + 1), -1).index_select(0, rows * (k + 1) + num_accepted)
     recovering = num_accepted < num_drafts
     at = num_accepted.clamp(max=max(k - 1, 0))
     if draft_probs is not None and k:
-        q_row = draft_probs[rows, at].float()
+        q_row = draft_probs.reshape(batch * k, -1).index_select(0, rows * k + at).float()
     else:
         q_row = torch.zeros_like(p_row)
         if k:
-            q_row[rows, draft_ids[rows, at].clamp(0, p.shape[-1] - 1)] = 1.0
+            q_row.scatter_(1, draft_ids.gather(1, at[:, None]).clamp(0, p.shape[-1] - 1), 1.0)
     q_row = torch.where(recovering[:, None], q_row, 0.0)
     residual = (p_row - q_row).clamp_min(0.0)
     # p == q exactly leaves nothing to resample from; then p itself is the right law.
@@ -129,12 +131,14 @@ def tree_accept(
         num_accepted = best = torch.zeros(batch, dtype=torch.long, device=device)
     next_token = target_argmax.gather(1, torch.where(num_accepted > 0, best + 1, 0)[:, None])[:, 0]
 
-    accepted_nodes = torch.full((batch, n), -1, dtype=torch.long, device=device)
-    rows = torch.arange(batch, device=device)
+    # Walk up from the best node; column n collects the writes of rows already past the root.
+    accepted_nodes = torch.full((batch, n + 1), -1, dtype=torch.long, device=device)
     node = torch.where(num_accepted > 0, best, -1)
     for _ in range(n):
         on_path = node >= 0
-        slot = torch.where(on_path, node, 0)
-        accepted_nodes[rows[on_path], depth[rows, slot][on_path] - 1] = node[on_path]
-        node = torch.where(on_path, parents[rows, slot], -1)
+        slot = torch.where(on_path, node, 0)[:, None]
+        column = torch.where(on_path, depth.gather(1, slot)[:, 0] - 1, n)
+        accepted_nodes.scatter_(1, column[:, None], node[:, None])
+        node = torch.where(on_path, parents.gather(1, slot)[:, 0], -1)
+    accepted_nodes = accepted_nodes[:, :n]
     return TreeAcceptance(num_accepted, accepted_nodes, next_token)
