@@ -1,5 +1,7 @@
 """The core's default hook implementations: lossless verification and an empty resource manager.
 
+Verification batches the step's requests onto :mod:`specdec.kernels` (Triton kernels on CUDA).
+
 Registered ``trylast`` so a method plugin overrides them by returning a result for its config.
 """
 

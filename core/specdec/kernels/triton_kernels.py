@@ -1,7 +1,8 @@
 """Triton kernels for the verify step: one program per request, inputs batched and padded.
 
 They compute exactly what :mod:`specdec.kernels.reference` computes (float32 inside, whatever
-the input dtype; divisions rounded to nearest as torch does), so results compare bit for bit.
+the input dtype; divisions rounded to nearest as torch does, and launched with
+``enable_fp_fusion=False`` so no multiply-add is fused), so results compare bit for bit.
 Importing this module imports triton; :mod:`specdec.kernels.dispatch` does so only when the
 kernels are used. Under ``TRITON_INTERPRET=1`` (set before this import) they run on CPU tensors.
 
