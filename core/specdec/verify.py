@@ -7,8 +7,8 @@
   (n-gram) has a one-hot ``q``. Output follows the target distribution.
 
 Each group runs as one padded batch. A request's random numbers come from its own generator in a
-fixed order (one uniform per draft, then one Exp(1) variate per vocabulary entry), so a seeded request gives the same tokens
-whatever else is in the batch, and on either backend.
+fixed order (one uniform per draft, then one Exp(1) variate per vocabulary entry), so a seeded
+request gives the same tokens whatever else is in the batch, and on either backend.
 """
 
 from __future__ import annotations
