@@ -174,13 +174,16 @@ def test_tree_and_greedy_reject_bad_input() -> None:
 # -- dispatch -----------------------------------------------------------------------------------
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+HAS_CUDA = torch.cuda.is_available()  # read before any test patches it
 
 
 @pytest.fixture
 def probe(monkeypatch: pytest.MonkeyPatch):
-    """A fresh triton probe for the test (and after it), with the backend variable unset."""
+    """A fresh triton probe for the test (and after it), with the backend variable unset and no
+    CUDA device (also on a machine that has one; a test that wants CUDA patches it back)."""
     monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     dispatch.triton_status.cache_clear()
     yield monkeypatch
     dispatch.triton_status.cache_clear()
@@ -204,6 +207,7 @@ def test_backend_setting(probe: pytest.MonkeyPatch) -> None:
         kernels.backend_for(CPU)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU driver, so its absence cannot be tested")
 def test_no_gpu_driver_falls_back_to_torch(probe: pytest.MonkeyPatch) -> None:
     """With CUDA tensors but no GPU driver for triton (the real triton on this GPU-less machine,
     told that CUDA is there), auto falls back to torch and keeps the reason; forcing triton
@@ -303,12 +307,12 @@ def test_kernels_under_the_triton_interpreter() -> None:
 # -- specdec bench-kernels ------------------------------------------------------------------------
 
 
-def test_bench_kernels_runs_the_torch_path_on_cpu(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_kernels_runs_the_torch_path_on_cpu(capsys: pytest.CaptureFixture[str], probe: pytest.MonkeyPatch) -> None:
     """On a machine without a GPU, `specdec bench-kernels` times every operation on the torch path,
     prints the table and says why the kernels were not timed."""
     from specdec.cli.main import main
 
-    monkeypatch.setenv("COLUMNS", "200")
+    probe.setenv("COLUMNS", "200")
     assert main(["bench-kernels", "--batch", "1,3", "--draft-len", "3", "--vocab", "50", "--iters", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("│")]
@@ -330,7 +334,7 @@ def test_bench_kernels_bad_input(args: list[str], message: str, capsys: pytest.C
     """Bad options are one line on stderr and exit code 2."""
     from specdec.cli.main import main
 
-    if "cuda" in args and torch.cuda.is_available():
+    if "cuda" in args and HAS_CUDA:
         pytest.skip("this machine has CUDA")
     assert main(["bench-kernels", *args]) == 2
     err = capsys.readouterr().err

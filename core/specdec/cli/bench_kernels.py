@@ -116,4 +116,5 @@ def bench_kernels(batches: str, draft_len: int, vocab: int, dtype: str, ops: str
                           "yes" if same else "[red]NO[/]")
     console.print(table)
     if module is None:
-        console.print(f"triton kernels not timed: {status.reason}")
+        why = status.reason if not status.usable else f"the kernels need CUDA tensors, and --device is {dev.type}"
+        console.print(f"triton kernels not timed: {why}")
