@@ -244,10 +244,10 @@ I64 = "*i64"
 COMPILE_CASES = {
     "greedy": ("greedy_accept_kernel", dict.fromkeys(("draft_ids_ptr", "num_drafts_ptr", "target_argmax_ptr",
                                                        "num_accepted_ptr", "output_ids_ptr"), I64) | {"K": "i32"},
-               {"BLOCK_K": 16}),
+               {"BLOCK_K": 16}, 1),
     "tree": ("tree_accept_kernel", dict.fromkeys(("node_ids_ptr", "parents_ptr", "num_nodes_ptr", "target_argmax_ptr",
                                                    "num_accepted_ptr", "accepted_nodes_ptr", "next_token_ptr"), I64)
-             | {"N": "i32"}, {"BLOCK_N": 64}),
+             | {"N": "i32"}, {"BLOCK_N": 64}, 4),
 }
 for _dtype, _has_q in (("fp32", True), ("fp32", False), ("fp16", True), ("bf16", True)):
     COMPILE_CASES[f"rejection-{_dtype}-{'q' if _has_q else 'onehot'}"] = (
@@ -256,6 +256,7 @@ for _dtype, _has_q in (("fp32", True), ("fp32", False), ("fp16", True), ("bf16",
          "uniform_ptr": "*fp32", "exponential_ptr": "*fp32", "num_accepted_ptr": I64, "output_ids_ptr": I64,
          "K": "i32", "V": "i32"},
         {"HAS_DRAFT_PROBS": _has_q, "BLOCK_K": 16, "BLOCK_V": 1024},
+        4,
     )
 
 
@@ -275,10 +276,11 @@ def test_kernels_compile_for_sm80_and_sm90(arch: int, tmp_path: Path, monkeypatc
     from specdec.kernels import triton_kernels
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))  # compile for real, not from a cache
-    for name, (kernel, signature, constexprs) in COMPILE_CASES.items():
+    for name, (kernel, signature, constexprs, num_warps) in COMPILE_CASES.items():
         fn = getattr(triton_kernels, kernel)
         src = ASTSource(fn, signature | dict.fromkeys(constexprs, "constexpr"), constexprs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"enable_fp_fusion": False})
+        options = {"enable_fp_fusion": False, "num_warps": num_warps}  # as the launchers use them
+        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
         ptx = compiled.asm["ptx"]
         assert f".target sm_{arch}" in ptx and compiled.asm["cubin"], name
         if kernel == "rejection_accept_kernel":

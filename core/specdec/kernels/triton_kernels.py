@@ -202,8 +202,9 @@ def tree_accept(
     accepted_nodes = torch.empty(batch, n, dtype=torch.long, device=device)
     next_token = torch.empty(batch, dtype=torch.long, device=device)
     if batch:
+        block = _block(n)
         tree_accept_kernel[(batch,)](
             node_ids, parents, num_nodes, target_argmax, num_accepted, accepted_nodes, next_token,
-            n, BLOCK_N=_block(n), num_warps=1, enable_fp_fusion=False,
+            n, BLOCK_N=block, num_warps=4 if block >= 64 else 1, enable_fp_fusion=False,  # [block, block] path table
         )
     return TreeAcceptance(num_accepted, accepted_nodes, next_token)
