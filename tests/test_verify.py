@@ -11,15 +11,18 @@ from scipy.stats import chi2_contingency, chisquare
 from specdec import (
     LLM,
     DraftProposal,
+    Request,
     SamplingParams,
     UserProvidedDecodingConfig,
     VerifyResult,
     hookimpl,
+    kernels,
     logits_to_probs,
 )
+from specdec.errors import VerifyInputError
 from specdec.plugins import get_registry
 from specdec.testing.conformance import P_VALUE_FLOOR, chi_square_p_value, exact_joint_distribution
-from specdec.verify import greedy_verify, rejection_sample, verify_one
+from specdec.verify import verify_requests
 
 # -- (a) rejection sampling vs an independent reference -----------------------------------------
 
@@ -72,9 +75,31 @@ def _draw(fn, draft_tokens, draft_probs, seed, n=NUM_DRAWS):
     return Counter(fn(draft_tokens, draft_probs, TARGET, generator) for _ in range(n))
 
 
-def _specdec(draft_tokens, draft_probs, target_probs, generator):
-    result = rejection_sample(draft_tokens, draft_probs, target_probs, generator)
-    return result.num_accepted, result.next_token
+def _exponential(shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    return torch.rand(shape, generator=generator).neg_().log1p_().neg_()
+
+
+def rejection_sample(draft_tokens, draft_probs, target_probs, generator) -> VerifyResult:
+    """specdec's rejection sampling for one request (a batch of 1)."""
+    return _rejection_batch([draft_tokens], draft_probs, target_probs, generator)[0]
+
+
+def _rejection_batch(drafts: list[list[int]], draft_probs, target_probs, generator) -> list[VerifyResult]:
+    """specdec's rejection sampling for one request per row of ``drafts`` (all of length k, same
+    ``q`` and ``p``), verified as one batch with fresh random numbers per row."""
+    n, k, vocab = len(drafts), len(drafts[0]), target_probs.shape[-1]
+    q = draft_probs.expand(n, k, vocab) if draft_probs is not None else None
+    out = kernels.rejection_accept(
+        torch.tensor(drafts, dtype=torch.long).view(n, k), torch.full((n,), k), q, target_probs.expand(n, k + 1, vocab),
+        torch.rand(n, k, generator=generator), _exponential((n, vocab), generator),
+    )
+    next_tokens = out.output_ids.gather(1, out.num_accepted[:, None])[:, 0]
+    return [VerifyResult(a, t) for a, t in zip(out.num_accepted.tolist(), next_tokens.tolist())]
+
+
+def _specdec_draws(draft_tokens, draft_probs, seed, n=NUM_DRAWS) -> Counter:
+    generator = torch.Generator().manual_seed(seed)
+    return Counter((r.num_accepted, r.next_token) for r in _rejection_batch([draft_tokens] * n, draft_probs, TARGET, generator))
 
 
 def _compare(ours: Counter, ref: Counter) -> tuple[float, float]:
@@ -91,13 +116,13 @@ def _compare(ours: Counter, ref: Counter) -> tuple[float, float]:
     ids=["probs", "probs-other-drafts", "one-hot", "one-hot-other-drafts"],
 )
 def test_rejection_sample_matches_reference(draft_tokens, one_hot):
-    """specdec's rejection_sample gives the same distribution of (accepted count, next token) as
+    """specdec's rejection sampling gives the same distribution of (accepted count, next token) as
     the gpt-fast style reference, with draft probabilities and with one-hot drafts
     (``draft_probs=None``, compared with the reference given one-hot q): total-variation
     distance < 0.03 and a two-sample chi-square test that does not reject."""
     draft_probs = None if one_hot else DRAFT
     ref_q = torch.nn.functional.one_hot(torch.tensor(draft_tokens), 5).float() if one_hot else DRAFT
-    ours = _draw(_specdec, draft_tokens, draft_probs, seed=1)
+    ours = _specdec_draws(draft_tokens, draft_probs, seed=1)
     ref = _draw(reference_speculative_decode, draft_tokens, ref_q, seed=2)
     assert len(ref) > 5, "the reference saw too few outcomes for the comparison to mean anything"
     tv, p_value = _compare(ours, ref)
@@ -109,13 +134,10 @@ def test_rejection_sample_first_token_follows_target():
     """With drafts themselves drawn from q, the first emitted token is distributed exactly as the
     target's first row p (the losslessness property), for sampled and one-hot drafts alike."""
     generator = torch.Generator().manual_seed(3)
-    firsts: dict[str, Counter] = {"probs": Counter(), "one_hot": Counter()}
-    for _ in range(NUM_DRAWS):
-        drafts = [int(torch.multinomial(DRAFT[i], 1, generator=generator)) for i in range(3)]
-        for kind, probs in (("probs", DRAFT), ("one_hot", None)):
-            result = rejection_sample(drafts, probs, TARGET, generator)
-            firsts[kind][(drafts[:result.num_accepted] + [result.next_token])[0]] += 1
-    for kind, counts in firsts.items():
+    drafts = torch.stack([torch.multinomial(DRAFT[i], NUM_DRAWS, replacement=True, generator=generator) for i in range(3)], 1)
+    for kind, probs in (("probs", DRAFT), ("one_hot", None)):
+        results = _rejection_batch(drafts.tolist(), probs, TARGET, generator)
+        counts = Counter((row[: r.num_accepted] + [r.next_token])[0] for row, r in zip(drafts.tolist(), results))
         observed = [counts[t] for t in range(5)]
         p_value = chisquare(observed, (TARGET[0] * NUM_DRAWS).tolist()).pvalue
         assert p_value > P_VALUE_FLOOR, f"{kind}: first token does not follow p (p={p_value:.2e})"
@@ -180,14 +202,64 @@ def _logits_with_argmax(argmaxes: list[int], vocab: int = 6) -> torch.Tensor:
     ],
 )
 def test_greedy_verify(drafts, argmaxes, expected):
-    """greedy_verify keeps drafts while they equal the target's argmax and then emits the argmax
-    after the last kept draft (drafts after a mismatch never count, even if they match)."""
+    """Greedy verification keeps drafts while they equal the target's argmax and then emits the
+    argmax after the last kept draft (drafts after a mismatch never count, even if they match)."""
     logits = _logits_with_argmax(argmaxes)
-    result = greedy_verify(drafts, logits)
+    result = verify_requests([_request(0, SamplingParams(temperature=0))], [DraftProposal(drafts)], [logits])[0]
     assert result == expected
     assert result.emitted(DraftProposal(drafts)) == argmaxes[: expected.num_accepted + 1]
-    # verify_one dispatches greedy params to greedy_verify.
-    assert verify_one(DraftProposal(drafts), logits, SamplingParams(temperature=0), None) == expected
+
+
+# -- (b2) a batch of requests ---------------------------------------------------------------------
+
+
+def _request(request_id: int, params: SamplingParams, seed: int | None = None) -> Request:
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    return Request(request_id, [1, 2, 3], 3, params, generator)
+
+
+def _mixed_step(seed_offset: int = 0):
+    """Six requests of one step: greedy and sampled, with and without draft probs, with
+    different params, draft lengths (0 to 4) and their own seeds."""
+    g = torch.Generator().manual_seed(11)
+    vocab = 9
+    specs = [  # (params, number of drafts, draft probs given)
+        (SamplingParams(temperature=0), 3, False),
+        (SamplingParams(temperature=1.0, top_k=4), 4, True),
+        (SamplingParams(temperature=0.7), 2, False),
+        (SamplingParams(temperature=0), 0, False),
+        (SamplingParams(temperature=1.3, top_p=0.8), 0, True),
+        (SamplingParams(temperature=1.0), 3, True),
+    ]
+    requests, proposals, logits = [], [], []
+    for i, (params, k, with_probs) in enumerate(specs):
+        requests.append(_request(i, params, None if params.greedy else 100 + i + seed_offset))
+        row_logits = torch.randn(k + 1, vocab, generator=g) * 2
+        drafts = row_logits[:k].argmax(-1).tolist()  # likely drafts, so some are kept
+        probs = logits_to_probs(torch.randn(k, vocab, generator=g), params) if with_probs else None
+        proposals.append(DraftProposal(drafts, probs))
+        logits.append(row_logits)
+    return requests, proposals, logits
+
+
+def test_batched_verify_equals_each_request_alone():
+    """Verifying a mixed batch gives every request exactly the result it gets alone: each request
+    uses its own params and draws from its own seeded generator, whatever else is in the batch."""
+    requests, proposals, logits = _mixed_step()
+    together = verify_requests(requests, proposals, logits)
+    requests, proposals, logits = _mixed_step()
+    alone = [verify_requests([r], [p], [lg])[0] for r, p, lg in zip(requests, proposals, logits)]
+    assert together == alone
+    assert together[0] == VerifyResult(3, int(logits[0][3].argmax()))  # greedy drafts were the argmax
+    requests, proposals, logits = _mixed_step(seed_offset=1)
+    assert verify_requests(requests, proposals, logits) != together, "other seeds should change a sampled result"
+
+
+def test_verify_rejects_draft_probs_of_the_wrong_shape():
+    """A proposal whose probs do not cover its drafts over the vocabulary is a one-line error."""
+    request = _request(0, SamplingParams(temperature=1.0), seed=0)
+    with pytest.raises(VerifyInputError, match=r"DraftProposal.probs: expected shape \[2, 5\] for 2 drafts, got \[1, 5\]"):
+        verify_requests([request], [DraftProposal([1, 2], torch.full((1, 5), 0.2))], [torch.zeros(3, 5)])
 
 
 # -- (c) the conformance statistical check can fail -------------------------------------------------

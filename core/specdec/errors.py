@@ -21,3 +21,8 @@ class PluginError(SpecdecError):
 
 class ModelLoadError(SpecdecError):
     """A model or tokenizer could not be loaded."""
+
+
+class VerifyInputError(SpecdecError, ValueError):
+    """Tensors passed to ``specdec.kernels`` have a wrong shape, dtype, device or content; the
+    message names the argument."""

@@ -1,5 +1,7 @@
 """The core's default hook implementations: lossless verification and an empty resource manager.
 
+Verification batches the step's requests onto :mod:`specdec.kernels` (Triton kernels on CUDA).
+
 Registered ``trylast`` so a method plugin overrides them by returning a result for its config.
 """
 
@@ -11,17 +13,14 @@ from specdec.config import SpeculativeConfig
 from specdec.hookspecs import hookimpl
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import ResourceManager, TargetContext
-from specdec.verify import verify_one
+from specdec.verify import verify_requests
 
 
 @hookimpl(trylast=True)
 def specdec_verify(
     requests: list[Request], proposals: list[DraftProposal], target_logits: list[torch.Tensor]
 ) -> list[VerifyResult]:
-    return [
-        verify_one(proposal, logits, request.params, request.generator)
-        for request, proposal, logits in zip(requests, proposals, target_logits)
-    ]
+    return verify_requests(requests, proposals, target_logits)
 
 
 @hookimpl(trylast=True)

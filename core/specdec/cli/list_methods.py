@@ -8,6 +8,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from specdec.errors import ConfigError
+from specdec.kernels import describe as describe_verify_backend
 from specdec.plugins import get_registry
 
 
@@ -49,6 +51,10 @@ def list_methods(as_json: bool, options: bool) -> None:
             table.add_row(row["name"], ", ".join(row["aliases"]), row["distribution"] or "(in-process)", row["version"] or "", row["summary"])
     console = Console()
     console.print(table)
+    try:
+        console.print(f"verify step: {describe_verify_backend()}")
+    except ConfigError as exc:
+        console.print(f"verify step: [red]{exc}[/]")
     if options:
         for row in rows:
             if row["options"]:

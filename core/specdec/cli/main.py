@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from specdec.cli.bench import bench
+from specdec.cli.bench_kernels import bench_kernels
 from specdec.cli.generate import generate
 from specdec.cli.list_methods import list_methods
 from specdec.errors import SpecdecError
@@ -24,6 +25,7 @@ def cli() -> None:
 cli.add_command(list_methods)
 cli.add_command(generate)
 cli.add_command(bench)
+cli.add_command(bench_kernels)
 
 
 def main(argv: list[str] | None = None) -> int:
