@@ -2,6 +2,8 @@
 
 - Greedy requests (temperature 0): keep drafts while they equal the target's argmax; the next
   token is the argmax after the last kept draft. Output equals plain greedy decoding.
+- Greedy requests with a tree proposal (``DraftProposal.parents``): the longest root-down path
+  whose every node is the target's argmax at its parent; the next token is the argmax after it.
 - Sampled requests: rejection sampling (Leviathan et al. 2023; Chen et al. 2023) against the
   target distribution shaped by each request's own params; a proposal without ``probs``
   (n-gram) has a one-hot ``q``. Output follows the target distribution.
@@ -26,9 +28,16 @@ def verify_requests(
 ) -> list[VerifyResult]:
     """One :class:`VerifyResult` per request (``target_logits[i]``: ``[len(proposals[i]) + 1, V]``)."""
     results: list[VerifyResult | None] = [None] * len(requests)
-    greedy = [i for i, request in enumerate(requests) if request.params.greedy]
+    is_tree = [p.parents is not None for p in proposals]
+    greedy = [i for i, request in enumerate(requests) if request.params.greedy and not is_tree[i]]
+    trees = [i for i, request in enumerate(requests) if request.params.greedy and is_tree[i]]
     sampled = [i for i, request in enumerate(requests) if not request.params.greedy]
-    for group, verify in ((greedy, _verify_greedy), (sampled, _verify_sampled)):
+    if any(is_tree[i] for i in sampled):
+        raise VerifyInputError(
+            "DraftProposal.parents: the core verifies draft trees for greedy requests only; propose a chain "
+            "for a sampled request, or verify trees in your plugin's specdec_verify"
+        )
+    for group, verify in ((greedy, _verify_greedy), (trees, _verify_trees), (sampled, _verify_sampled)):
         if group:
             picked = verify([requests[i] for i in group], [proposals[i] for i in group], [target_logits[i] for i in group])
             for i, result in zip(group, picked):
@@ -56,6 +65,21 @@ def _verify_greedy(requests: list[Request], proposals: list[DraftProposal], logi
     draft_ids, num_drafts = _padded_drafts(proposals, device)
     target_argmax = _stack_padded([lg.argmax(-1) for lg in logits], draft_ids.shape[1] + 1)
     return _results(kernels.greedy_accept(draft_ids, num_drafts, target_argmax))
+
+
+def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
+    device = logits[0].device
+    node_ids, num_nodes = _padded_drafts(proposals, device)
+    n = node_ids.shape[1]
+    parents = torch.full((len(proposals), n), -1, dtype=torch.long)
+    for row, proposal in enumerate(proposals):
+        parents[row, : len(proposal)] = torch.tensor(proposal.parents, dtype=torch.long)
+    target_argmax = _stack_padded([lg.argmax(-1) for lg in logits], n + 1)
+    outcome = kernels.tree_accept(node_ids, parents.to(device), num_nodes, target_argmax)
+    results = []
+    for count, path, token in zip(outcome.num_accepted.tolist(), outcome.accepted_nodes.tolist(), outcome.next_token.tolist()):
+        results.append(VerifyResult(count, token, path[:count]))
+    return results
 
 
 def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
