@@ -51,6 +51,8 @@ def load_head(path: str | Path) -> Eagle3Head:
     tensors = _read_tensors(directory)
     if layout == "speculators":
         tensors = {_from_speculators(name): t for name, t in tensors.items()}
+    elif any(n.startswith(_SPECULATORS_LAYER) for n in tensors) and not any(n.startswith(_MIDLAYER) for n in tensors):
+        raise _fail(directory, "tensors named layers.0.* without a speculators config: an EAGLE-1/2 head, not EAGLE-3")
     tensors = {n: t for n, t in tensors.items() if not n.startswith(_IGNORED_PREFIXES)}
     config.fc_bias = "fc.bias" in tensors
     _infer_fused_layers(config, tensors)

@@ -5,10 +5,12 @@ nothing to check. So :func:`fitted_head` trains the head the way EAGLE-3 does (o
 pair (fused target states at ``t``, token ``t + 1``) learns the target's distribution at
 ``t + 1``) on text the tiny target writes itself, with a compressed draft vocabulary of its most
 frequent tokens. Its drafts are then right often but not always, and tests exercise the real
-``d2t`` mapping.
+``d2t`` mapping. Fitted heads are memoized per target weights, so a test session fits each once.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from transformers import LlamaConfig
@@ -65,6 +67,19 @@ def fitted_head(
     seed: int = 0,
 ) -> Eagle3Head:
     """A head trained on the target's own text to predict the target one token further ahead."""
+    fingerprint = tuple(round(float(p.detach().double().sum()), 6) for p in target_model.parameters())
+    key = (fingerprint, tuple(layers), record_layers, draft_vocab_size, steps, seed)
+    if key not in _FITTED:
+        _FITTED[key] = _fit(target_model, layers, record_layers, draft_vocab_size, steps, seed)
+    return copy.deepcopy(_FITTED[key])
+
+
+_FITTED: dict[tuple, Eagle3Head] = {}
+
+
+def _fit(
+    target_model: torch.nn.Module, layers: tuple[int, ...], record_layers: bool, draft_vocab_size: int, steps: int, seed: int
+) -> Eagle3Head:
     generator = torch.Generator().manual_seed(seed)
     ids = _target_text(target_model, num=16, length=40, generator=generator)
     with torch.no_grad():

@@ -181,3 +181,11 @@ def test_missing_or_unreadable_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"garbage")
     with pytest.raises(ModelLoadError, match="cannot read weights"):
         load_head(tmp_path)
+
+
+def test_eagle1_checkpoint_is_refused(tmp_path: Path) -> None:
+    """EAGLE-1/2 heads (``layers.0.*``, fc over two states, no hidden_norm) are named as such."""
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 36, "num_hidden_layers": 1}))
+    save_file({"fc.weight": torch.zeros(64, 128), "layers.0.self_attn.q_proj.weight": torch.zeros(64, 64)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="an EAGLE-1/2 head, not EAGLE-3"):
+        load_head(tmp_path)
