@@ -29,8 +29,8 @@ class Eagle3DecodingConfig(SpeculativeConfig):
     eagle3_layers_to_capture: list[int] | None = Field(
         default=None,
         description=(
-            "Target layers whose input hidden states are fused (hidden_states[i] enters decoder layer i). "
-            "Default: the checkpoint's recorded layers, else {2, L//2, L-3}."
+            "Target layers whose input hidden states are fused: i is the state entering decoder layer i "
+            "(TensorRT-LLM's i - 1). Default: the layers the checkpoint records, else {2, L//2, L-3}."
         ),
     )
 
