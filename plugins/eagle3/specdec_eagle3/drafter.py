@@ -1,0 +1,130 @@
+"""Chain drafting with an EAGLE-3 head that keeps its own KV cache per request.
+
+Head position ``j`` holds the pair (target features of position ``j``, token ``j + 1``); its output
+predicts token ``j + 2``. The head's cache only ever keeps pairs built from *true* target
+features, which come from the target's own forwards at no extra cost:
+
+- ``add_request``: the prefill's hidden states cover every prompt position, and the first
+  generated token is known, so every prompt position forms a pair.
+- ``accept``: the verify forward covered the last token and every draft; the rows of the
+  accepted drafts and the last token (``num_accepted + 1``) form the next pairs, with the
+  bonus/recovered token as the last pair's token.
+
+Those pairs wait in ``pending`` and enter the cache in one head forward when the next step
+drafts (catch-up). Drafting then extends the cache with the head's own output as the feature
+(EAGLE's chained step) and rolls those positions back afterwards, so the cache again holds only
+true pairs. Rolling back is cropping the cache's length, and the same cache, positions and
+attention mask argument serve a draft tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec import DraftProposal, Request, ResourceManager, TargetContext, VerifyResult, logits_to_probs
+from specdec.sampling import sample
+from specdec_eagle3.checkpoint import load_head
+from specdec_eagle3.compat import check_target, resolve_layers
+from specdec_eagle3.config import Eagle3DecodingConfig
+from specdec_eagle3.head import HeadCache
+
+
+@dataclass
+class HeadState:
+    """One request's head cache and the target features not yet in it (positions ``cache.length`` on)."""
+
+    cache: HeadCache = field(default_factory=HeadCache)
+    pending: list[torch.Tensor] = field(default_factory=list)
+
+
+class Eagle3Resources(ResourceManager):
+    """The loaded head, the fused target layers, and per-request head state in ``request.method_state``."""
+
+    def __init__(self, config: Eagle3DecodingConfig, target: TargetContext) -> None:
+        super().__init__()
+        source = str(config.speculative_model)
+        head = load_head(source)
+        target_config = target.model.config
+        check_target(head.config, head.embed_tokens is not None, int(target_config.hidden_size), target.vocab_size, source)
+        self.layers = resolve_layers(config.eagle3_layers_to_capture, head.config, int(target_config.num_hidden_layers))
+        self.head = head.place(target.device, target.dtype)
+        self.embed = head.embed_tokens if head.embed_tokens is not None else target.model.get_input_embeddings()
+        self.draft_ids = self.head.draft_to_target()
+        self.vocab_size = target.vocab_size
+        self.device = target.device
+        self.runner = target.runner
+        self.runner.capture_hidden_states = True
+
+    def features(self, hidden_states: tuple[torch.Tensor, ...], rows: int | None = None) -> torch.Tensor:
+        """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""
+        return torch.cat([hidden_states[i][:rows] for i in self.layers], dim=-1)
+
+    def add_request(self, request: Request) -> None:
+        request.method_state = HeadState(pending=[self.features(request.target_output.hidden_states)])
+
+    def free_request(self, request: Request) -> None:
+        request.method_state = None
+
+    def release(self) -> None:
+        self.runner.capture_hidden_states = False
+        self.head = self.embed = self.draft_ids = self.runner = None
+        super().release()
+
+    def commit(self, request: Request, result: VerifyResult) -> None:
+        """Queue the true features of the last token and the accepted drafts."""
+        if not request.finished:
+            rows = result.num_accepted + 1
+            request.method_state.pending.append(self.features(request.target_output.hidden_states, rows))
+
+    @torch.inference_mode()
+    def propose(self, request: Request) -> DraftProposal:
+        """Chain-draft ``request.max_draft_len`` tokens (argmax, or sampled with their distributions)."""
+        if request.max_draft_len <= 0:
+            return DraftProposal()
+        state: HeadState = request.method_state
+        hidden = self._catch_up(request, state)
+        committed = state.cache.length
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for step in range(request.max_draft_len):
+            token, dist = self._choose(self.head.logits(hidden)[0, -1], request)
+            tokens.append(token)
+            if dist is not None:
+                probs.append(dist)
+            if step + 1 < request.max_draft_len:
+                embeds = self.embed(torch.tensor([[token]], device=self.device))
+                position = torch.tensor([[committed + step]], device=self.device)
+                hidden = self.head(embeds, hidden, position, state.cache)
+        state.cache.crop(committed)
+        return DraftProposal(tokens, torch.stack(probs) if probs else None)
+
+    def _catch_up(self, request: Request, state: HeadState) -> torch.Tensor:
+        """Run the pending true pairs through the head; returns its output at the last one, ``[1, 1, hidden]``."""
+        start = state.cache.length
+        features = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
+        count = features.shape[0]
+        token_ids = request.token_ids[start + 1 : start + 1 + count]
+        if len(token_ids) != count or start + count != len(request.token_ids) - 1:
+            raise RuntimeError(
+                f"EAGLE-3 head state out of step: {start} cached + {count} pending pairs for {len(request.token_ids)} tokens"
+            )
+        state.pending = []
+        embeds = self.embed(torch.tensor([token_ids], device=self.device))
+        positions = torch.arange(start, start + count, device=self.device)[None]
+        out = self.head(embeds, self.head.fuse(features[None]), positions, state.cache)
+        return out[:, -1:]
+
+    def _choose(self, draft_logits: torch.Tensor, request: Request) -> tuple[int, torch.Tensor | None]:
+        """Pick a target token from draft-vocabulary logits; sampled picks return their distribution.
+
+        The draft logits are placed at their target ids (``-inf`` elsewhere) and shaped by the
+        request's own temperature / top-k / top-p, so ``q`` is zero outside the draft vocabulary.
+        """
+        logits = draft_logits.float().new_full((self.vocab_size,), float("-inf"))
+        logits[self.draft_ids] = draft_logits.float()
+        if request.params.greedy:
+            return int(logits.argmax()), None
+        dist = logits_to_probs(logits, request.params)
+        return sample(dist, request.generator), dist

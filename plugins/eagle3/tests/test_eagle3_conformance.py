@@ -1,0 +1,26 @@
+"""EAGLE-3 passes the conformance suite with a head loaded from each published layout.
+
+The head is fitted to the suite's tiny target (see ``eagle3_tiny``), so drafts are accepted
+often but not always, and it drafts from a compressed vocabulary mapped through ``d2t``. The tiny
+target has 2 layers, too few for the default {2, L//2, L-3}; the fused layers come from the
+config option in one class and from the checkpoint's record in the other.
+"""
+
+from eagle3_tiny import fitted_head
+
+from specdec.testing.conformance import MethodConformance
+from specdec_eagle3 import Eagle3DecodingConfig, save_head
+
+
+class TestEagle3SafeAILabConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        head = fitted_head(target.model, (0, 1), record_layers=False)
+        save_head(head, tmp_path / "head", "safeailab", weights_format="bin")
+        return Eagle3DecodingConfig(speculative_model=str(tmp_path / "head"), max_draft_len=3, eagle3_layers_to_capture=[1, 0])
+
+
+class TestEagle3SpeculatorsConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        head = fitted_head(target.model, (0, 1))
+        save_head(head, tmp_path / "head", "speculators")
+        return {"method": "eagle3", "model": str(tmp_path / "head"), "num_speculative_tokens": 4}

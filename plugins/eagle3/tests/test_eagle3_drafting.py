@@ -1,0 +1,145 @@
+"""Drafting reads the right target layers, keeps the head cache in step, and matches the target's head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from eagle3_tiny import fitted_head, head_config
+
+from specdec import LLM, SamplingParams
+from specdec.errors import PluginError
+from specdec.testing import make_tiny_target
+from specdec_eagle3 import Eagle3Head, save_head
+from specdec_eagle3.drafter import Eagle3Resources
+
+PROMPTS = ("the cat sat on the mat. the cat", "hello world, hello", "one two three, one two")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_target(seed=0)
+
+
+@pytest.fixture(scope="module")
+def fitted_dir(target, tmp_path_factory) -> Path:
+    return save_head(fitted_head(target.model, (0, 1)), tmp_path_factory.mktemp("fitted"), "speculators")
+
+
+@pytest.fixture(scope="module")
+def random_dir(target, tmp_path_factory) -> Path:
+    """An untrained 3-layer head with no recorded layers (SafeAILab layout) for the 2-layer target."""
+    torch.manual_seed(0)
+    return save_head(Eagle3Head(head_config(target.model, None, draft_vocab_size=36)), tmp_path_factory.mktemp("random"))
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[int], torch.Tensor | None]]:
+    """Record (tokens so far, drafts, draft probs) of every proposal."""
+    records = []
+    original = Eagle3Resources.propose
+
+    def propose(self, request):
+        proposal = original(self, request)
+        records.append((list(request.token_ids), list(proposal.token_ids), proposal.probs))
+        return proposal
+
+    monkeypatch.setattr(Eagle3Resources, "propose", propose)
+    return records
+
+
+@torch.no_grad()
+def _drafts_from_scratch(manager: Eagle3Resources, model: torch.nn.Module, token_ids: list[int], k: int) -> list[int]:
+    """The greedy chain recomputed without any cache: one target pass, then the head over all pairs."""
+    head = manager.head
+    hidden_states = [h[0] for h in model(torch.tensor([token_ids[:-1]]), output_hidden_states=True).hidden_states]
+    embed = model.get_input_embeddings()
+    embeds = embed(torch.tensor([token_ids[1:]]))
+    inputs = head.fuse(manager.features(tuple(hidden_states))[None])
+    drafts: list[int] = []
+    for _ in range(k):
+        out = head(embeds, inputs, torch.arange(embeds.shape[1])[None])
+        token = int(manager.draft_ids[head.logits(out[0, -1]).argmax()])
+        drafts.append(token)
+        embeds = torch.cat([embeds, embed(torch.tensor([[token]]))], 1)
+        inputs = torch.cat([inputs, out[:, -1:]], 1)
+    return drafts
+
+
+def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, monkeypatch) -> None:
+    """After any number of accepted drafts, every proposal equals a cache-free recomputation with the
+    true target features: the catch-up, the chained steps and the rollback keep the head in step."""
+    records = _recording(monkeypatch)
+    llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
+                             "adaptive_draft_len": False}, tokenizer=target.tokenizer)
+    plain = LLM(target.model, None, tokenizer=target.tokenizer)
+    manager = llm.engine.resource_manager
+    for text in PROMPTS:
+        ids = target.encode(text)
+        got = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=24))[0]
+        assert got.token_ids == plain.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=24))[0].token_ids
+    assert llm.get_metrics().num_accepted_tokens > len(PROMPTS), "too few accepted drafts to test the catch-up"
+    for tokens, drafts, probs in records:
+        assert probs is None
+        assert drafts == _drafts_from_scratch(manager, target.model, tokens, len(drafts))
+    llm.close()
+    assert not llm.engine.runner.capture_hidden_states
+
+
+def test_sampled_drafts_carry_their_distribution(target, fitted_dir, monkeypatch) -> None:
+    """A sampled draft returns q over the full target vocabulary: zero outside the draft vocabulary,
+    shaped by the request's top-k, and the drafted token has positive mass."""
+    records = _recording(monkeypatch)
+    llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "adaptive_draft_len": False},
+              tokenizer=target.tokenizer)
+    outside = ~llm.engine.resource_manager.head.t2d
+    llm.generate({"prompt_token_ids": target.encode(PROMPTS[0])}, SamplingParams(temperature=0.8, top_k=5, max_tokens=12, seed=1))
+    llm.close()
+    records = [r for r in records if r[1]]
+    assert records
+    for _, drafts, probs in records:
+        assert probs.shape == (len(drafts), target.model.config.vocab_size)
+        assert torch.allclose(probs.sum(-1), torch.ones(len(drafts)))
+        assert bool((probs[:, outside] == 0).all()) and bool(((probs > 0).sum(-1) <= 5).all())
+        assert all(probs[i, t] > 0 for i, t in enumerate(drafts))
+
+
+def test_default_layers_on_a_deep_target(tmp_path) -> None:
+    """Without an option or a record, the head fuses the states entering layers 2, L//2 and L-3."""
+    deep = make_tiny_target(seed=3, num_layers=8)
+    torch.manual_seed(1)
+    path = save_head(Eagle3Head(head_config(deep.model, None, draft_vocab_size=36)), tmp_path / "h")
+    llm = LLM(deep.model, {"decoding_type": "Eagle3", "speculative_model": str(path), "max_draft_len": 2,
+                           "adaptive_draft_len": False}, tokenizer=deep.tokenizer)
+    plain = LLM(deep.model, None, tokenizer=deep.tokenizer)
+    assert llm.engine.resource_manager.layers == (2, 4, 5)
+    ids = deep.encode(PROMPTS[1])
+    params = SamplingParams(max_tokens=16)
+    assert llm.generate({"prompt_token_ids": ids}, params)[0].token_ids == plain.generate({"prompt_token_ids": ids}, params)[0].token_ids
+    llm.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, r"default layers \{2, L//2, L-3\} need a target with at least 7 decoder layers, this one has 2"),
+        ({"eagle3_layers_to_capture": [0, 1, 5]}, "layer 5 does not exist in a target with 2 decoder layers"),
+        ({"eagle3_layers_to_capture": [0, 1]}, r"2 layers \[0, 1\] but the head's fc fuses 3"),
+    ],
+)
+def test_layers_that_do_not_fit_the_target(target, random_dir, options, message) -> None:
+    with pytest.raises(PluginError, match=message):
+        LLM(target.model, {"method": "eagle3", "model": str(random_dir), **options}, tokenizer=target.tokenizer)
+
+
+def test_head_for_another_target(tmp_path) -> None:
+    """A head trained for a wider target, or another vocabulary, is refused when the LLM is built."""
+    wide, narrow = make_tiny_target(seed=0, hidden=64), make_tiny_target(seed=0, hidden=32)
+    path = save_head(Eagle3Head(head_config(wide.model, (0, 1), draft_vocab_size=36)), tmp_path / "wide")
+    with pytest.raises(PluginError, match="fc reads target states of width 64, but the target's hidden_size is 32"):
+        LLM(narrow.model, {"method": "eagle3", "model": str(path)}, tokenizer=narrow.tokenizer)
+    config = head_config(wide.model, (0, 1), draft_vocab_size=36)
+    config.llama.vocab_size = 50
+    path = save_head(Eagle3Head(config), tmp_path / "vocab")
+    with pytest.raises(PluginError, match="vocab_size 50 differs from the target's 36 tokens"):
+        LLM(wide.model, {"method": "eagle3", "model": str(path)}, tokenizer=wide.tokenizer)
