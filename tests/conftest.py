@@ -18,10 +18,6 @@ TESTS_DIR = Path(__file__).resolve().parent
 PLUGIN_SOURCES = [TESTS_DIR / "example_plugin", TESTS_DIR / "broken_plugin"]
 PLUGIN_MODULES = ("specdec_echo_example", "specdec_broken_example")
 
-# The test models are tiny: one intra-op thread is as fast as two when the machine is idle, and
-# avoids OpenMP spin-waiting that slows them many times over when other processes share the CPUs.
-torch.set_num_threads(1)
-
 
 def _pip_install(sources: list[Path], target: Path) -> None:
     base = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check", "--quiet"]

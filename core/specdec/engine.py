@@ -54,6 +54,8 @@ class Engine:
         self._sync = torch.cuda.synchronize if runner.device.type == "cuda" else None
         try:
             self.resource_manager = self.hook.specdec_resource_manager(config=config, target=self.target)
+        except SpecdecError:
+            raise
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         self._next_id = 0

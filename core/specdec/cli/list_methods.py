@@ -6,6 +6,7 @@ import json
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from specdec.errors import ConfigError
@@ -46,9 +47,9 @@ def list_methods(as_json: bool, options: bool) -> None:
         table.add_column(col)
     for row in rows:
         if row["status"] == "error":
-            table.add_row(f"[red]{row['name']}[/]", "", row["distribution"] or "", row["version"] or "", f"[red]failed to load: {row['error']}[/]")
+            table.add_row(f"[red]{row['name']}[/]", "", row["distribution"] or "", row["version"] or "", f"[red]failed to load: {escape(row['error'])}[/]")
         else:
-            table.add_row(row["name"], ", ".join(row["aliases"]), row["distribution"] or "(in-process)", row["version"] or "", row["summary"])
+            table.add_row(row["name"], ", ".join(row["aliases"]), row["distribution"] or "(in-process)", row["version"] or "", escape(row["summary"]))
     console = Console()
     console.print(table)
     try:
@@ -62,5 +63,5 @@ def list_methods(as_json: bool, options: bool) -> None:
                 for col in ("option", "default", "description"):
                     opts.add_column(col)
                 for name, spec in row["options"].items():
-                    opts.add_row(name, repr(spec["default"]), spec["description"])
+                    opts.add_row(name, escape(repr(spec["default"])), escape(spec["description"]))
                 console.print(opts)
