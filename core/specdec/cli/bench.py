@@ -33,10 +33,10 @@ BASELINES = {"none", "hf"}
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
-def bench(config_file, method, max_draft_len, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
+def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
           categories, num_prompts, max_turns, max_tokens, baseline, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
-    config = build_config(config_file, method, max_draft_len, settings)
+    config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config is None:
         raise ConfigError("bench needs --config or --method")
     baselines = {b.strip() for b in baseline.split(",") if b.strip()}

@@ -10,6 +10,8 @@ from rich.console import Console
 from specdec.cli.bench import bench
 from specdec.cli.generate import generate
 from specdec.cli.list_methods import list_methods
+from specdec.cli.synthesize import synthesize
+from specdec.cli.train import train
 from specdec.errors import SpecdecError
 
 EXIT_BAD_INPUT = 2
@@ -24,6 +26,8 @@ def cli() -> None:
 cli.add_command(list_methods)
 cli.add_command(generate)
 cli.add_command(bench)
+cli.add_command(synthesize)
+cli.add_command(train)
 
 
 def main(argv: list[str] | None = None) -> int:

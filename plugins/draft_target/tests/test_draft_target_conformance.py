@@ -1,0 +1,36 @@
+"""The draft/target method passes the conformance suite with a smaller draft and with the target
+itself as its own draft (where every greedy draft must be accepted)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.testing import make_tiny_target
+from specdec.testing.conformance import MethodConformance, fixed_draft_len
+from specdec_draft_target import DraftTargetDecodingConfig
+from specdec_draft_target.train import build_draft
+from draft_target_helpers import save
+
+
+class TestSmallDraftConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        draft = save(build_draft(target.model, [0]), target.tokenizer, tmp_path / "draft")
+        return DraftTargetDecodingConfig(max_draft_len=4, speculative_model=str(draft))
+
+
+class TestDraftEqualsTargetConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        draft = save(target.model, target.tokenizer, tmp_path / "draft")
+        return {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model_dir": str(draft)}
+
+    def test_every_greedy_draft_accepted(self, spec: LLM, prompts: list[list[int]]) -> None:
+        """The target drafting for itself agrees with itself: full acceptance, full drafts."""
+        spec.reset_metrics()
+        spec.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=30, ignore_eos=True))
+        m = spec.get_metrics()
+        assert m.num_draft_tokens > 0
+        assert m.num_accepted_tokens == m.num_draft_tokens
+        assert m.mean_acceptance_length == pytest.approx(1 + 3)
