@@ -3,12 +3,9 @@ itself as its own draft (where every greedy draft must be accepted)."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.testing import make_tiny_target
 from specdec.testing.conformance import MethodConformance, fixed_draft_len
 from specdec_draft_target import DraftTargetDecodingConfig
 from specdec_draft_target.train import build_draft
@@ -34,3 +31,17 @@ class TestDraftEqualsTargetConformance(MethodConformance):
         assert m.num_draft_tokens > 0
         assert m.num_accepted_tokens == m.num_draft_tokens
         assert m.mean_acceptance_length == pytest.approx(1 + 3)
+
+    def test_sampled_output_follows_target_distribution(self, target, config, prompts) -> None:
+        """Replaces the suite's chi-square test, which needs rejections to prove anything: with
+        q equal to p, rejection sampling keeps (all but rounding-level) every draft. The
+        small-draft class above runs the distribution test."""
+        llm = LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer)
+        try:
+            for seed in range(20):
+                params = self.sampling.model_copy(update={"seed": seed, "max_tokens": 16, "ignore_eos": True})
+                llm.generate({"prompt_token_ids": prompts[0]}, params)
+            m = llm.get_metrics()
+        finally:
+            llm.close()
+        assert m.num_draft_tokens > 0 and m.acceptance_rate > 0.99
