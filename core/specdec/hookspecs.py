@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    import click
     import torch
 
     from specdec.config import SpeculativeConfig
@@ -160,4 +161,18 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
     :param target: the loaded target model.
     :return: the extra ``generate`` kwargs, or ``None`` if ``config`` is not this plugin's (or
         transformers has no equivalent). Stops at the first non-``None`` result.
+    """
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+@hookspec
+def specdec_train_commands() -> list[click.Command]:
+    """Commands this plugin adds under ``specdec train`` (e.g. ``specdec train draft``).
+
+    Called when the ``train`` group lists or runs its commands. Every implementation is called
+    and the lists are joined; a command's name must be unique across plugins.
+
+    :return: ``click`` commands; each becomes ``specdec train <name>``.
     """

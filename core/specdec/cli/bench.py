@@ -35,10 +35,10 @@ BASELINES = {"none", "hf"}
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
-def bench(config_file, method, max_draft_len, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
+def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
           categories, num_prompts, max_turns, max_tokens, baseline, batch_size, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
-    config = build_config(config_file, method, max_draft_len, settings)
+    config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config is None:
         raise ConfigError("bench needs --config or --method")
     baselines = {b.strip() for b in baseline.split(",") if b.strip()}

@@ -23,6 +23,8 @@ def model_options(func: Any) -> Any:
 
 def method_options(func: Any) -> Any:
     func = click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Set a method option (repeatable).")(func)
+    func = click.option("--speculative-model", default=None,
+                        help="Draft model or head for the method: HF id or local dir (sets speculative_model).")(func)
     func = click.option("--max-draft-len", type=int, default=None, help="Most draft tokens per step.")(func)
     func = click.option("--method", default=None, help="Method name (see list-methods); 'none' decodes plainly.")(func)
     func = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
@@ -38,19 +40,23 @@ def sampling_options(func: Any) -> Any:
     return func
 
 
-def build_config(config_file: str | None, method: str | None, max_draft_len: int | None, settings: tuple[str, ...]) -> Any:
+def build_config(config_file: str | None, method: str | None, max_draft_len: int | None, settings: tuple[str, ...],
+                 speculative_model: str | None = None) -> Any:
     """The speculative config the options describe (a dict or ``None``), validated later."""
-    if config_file and (method or max_draft_len is not None or settings):
-        raise ConfigError("--config cannot be combined with --method, --max-draft-len or --set")
+    extra = max_draft_len is not None or settings or speculative_model is not None
+    if config_file and (method or extra):
+        raise ConfigError("--config cannot be combined with --method, --max-draft-len, --speculative-model or --set")
     if config_file:
         return load_config_file(config_file)
     if method is None:
-        if max_draft_len is not None or settings:
-            raise ConfigError("--max-draft-len and --set need --method")
+        if extra:
+            raise ConfigError("--max-draft-len, --speculative-model and --set need --method")
         return None
     config: dict[str, Any] = {"decoding_type": method}
     if max_draft_len is not None:
         config["max_draft_len"] = max_draft_len
+    if speculative_model is not None:
+        config["speculative_model"] = speculative_model
     for item in settings:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

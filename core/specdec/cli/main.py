@@ -11,6 +11,8 @@ from specdec.cli.bench import bench
 from specdec.cli.bench_kernels import bench_kernels
 from specdec.cli.generate import generate
 from specdec.cli.list_methods import list_methods
+from specdec.cli.synthesize import synthesize
+from specdec.cli.train import train
 from specdec.errors import SpecdecError
 
 EXIT_BAD_INPUT = 2
@@ -26,6 +28,8 @@ cli.add_command(list_methods)
 cli.add_command(generate)
 cli.add_command(bench)
 cli.add_command(bench_kernels)
+cli.add_command(synthesize)
+cli.add_command(train)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,59 @@
+"""``specdec synthesize``: the target answers training prompts (data for training drafters)."""
+
+from __future__ import annotations
+
+import random
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specdec.cli.common import model_options, quiet_transformers
+from specdec.errors import ConfigError
+from specdec.models import load_model
+from specdec.training.synthesize import SynthesisOptions, done_ids, read_conversations, synthesize as run_synthesis
+
+
+@click.command()
+@model_options
+@click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False),
+              help="Conversations jsonl (conversation_id, conversations: [{role, content}]).")
+@click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False),
+              help="Conversations jsonl to append the target's replies to (resumes if it exists).")
+@click.option("--limit", type=int, default=None, help="Answer a seeded random sample of this many conversations (default: all, in a seeded random order).")
+@click.option("--max-new-tokens", type=int, default=256, show_default=True)
+@click.option("--max-prompt-tokens", type=int, default=512, show_default=True, help="Skip longer prompts.")
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def synthesize(model, dtype, device, input_path, output_path, limit, max_new_tokens, max_prompt_tokens, batch_size,
+               temperature, top_p, seed) -> None:
+    """Generate the target's own answers to the prompts in --input, as training data."""
+    if limit is not None and limit < 1:
+        raise ConfigError("--limit must be at least 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ConfigError("--temperature must be >= 0 and --top-p in (0, 1]")
+    records = read_conversations(input_path)
+    # A seeded shuffle: a run stopped early has answered a sample of every source in the file.
+    records = random.Random(seed).sample(records, min(limit or len(records), len(records)))
+    pending = len(records) - len({str(r["conversation_id"]) for r in records} & done_ids(output_path))
+    options = SynthesisOptions(max_new_tokens=max_new_tokens, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
+                               temperature=temperature, top_p=top_p, seed=seed)
+    quiet_transformers()
+    console = Console(stderr=True)
+    with console.status("loading model"):
+        target, tokenizer = load_model(model, dtype, device)
+    columns = (TextColumn("[bold]synthesizing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]} tokens"),
+               TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("synthesize", total=pending, tokens=0)
+        counted = {"tokens": 0}
+
+        def on_batch(conversations: int, tokens: int) -> None:
+            counted["tokens"] += tokens
+            progress.update(task, advance=conversations, tokens=counted["tokens"])
+
+        written = run_synthesis(target, tokenizer, records, output_path, options, on_batch)
+    console.print(f"wrote {written} conversations ({counted['tokens']} generated tokens) to {output_path}; "
+                  f"{pending - written} skipped as longer than {max_prompt_tokens} prompt tokens")

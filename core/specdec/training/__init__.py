@@ -1,0 +1,1 @@
+"""Training-side tooling shared by the drafter plugins (data synthesis first)."""

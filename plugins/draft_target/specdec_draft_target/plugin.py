@@ -1,0 +1,113 @@
+"""specdec hook implementations for draft/target speculation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from specdec import (
+    ConfigError,
+    DraftProposal,
+    Request,
+    ResourceManager,
+    SpeculativeConfig,
+    TargetContext,
+    VerifyResult,
+    hookimpl,
+)
+from specdec.models import load_model
+from specdec_draft_target.config import DraftTargetDecodingConfig
+from specdec_draft_target.drafter import DraftModel
+from specdec_draft_target.shipped import is_default_target, shipped_draft_dir
+from specdec_draft_target.vocab import check_same_tokenizer
+
+
+def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
+    """The draft model named by ``config`` (or the shipped one), on the target's device and dtype."""
+    name = config.speculative_model
+    if name is None:
+        if not is_default_target(target.model):
+            raise ConfigError(
+                "speculative_model: required; a draft ships only for the default target (SmolLM2-135M-Instruct)"
+            )
+        path, name = str(shipped_draft_dir()), "shipped SmolLM2 draft"
+    else:
+        path = name
+    model, tokenizer = load_model(path, target.dtype, target.device)
+    check_same_tokenizer(tokenizer, target.tokenizer, int(model.get_output_embeddings().weight.shape[0]),
+                         target.vocab_size, name)
+    return model
+
+
+class DraftTargetResources(ResourceManager):
+    """The draft model; each request's draft KV cache lives in ``request.method_state``."""
+
+    def __init__(self, drafter: DraftModel) -> None:
+        super().__init__()
+        self.drafter: DraftModel | None = drafter
+
+    def add_request(self, request: Request) -> None:
+        request.method_state = self.drafter.new_state()
+
+    def free_request(self, request: Request) -> None:
+        request.method_state = None
+
+    def release(self) -> None:
+        self.drafter = None
+        super().release()
+
+
+@hookimpl
+def specdec_register_methods(register: Callable[..., None]) -> None:
+    register(
+        "draft_target",
+        DraftTargetDecodingConfig,
+        aliases=("DraftTarget", "Draft_Target", "draft_model"),
+        summary="A smaller model with the target's tokenizer drafts a chain of tokens (ships a SmolLM2 draft).",
+    )
+
+
+@hookimpl
+def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -> ResourceManager | None:
+    if not isinstance(config, DraftTargetDecodingConfig):
+        return None
+    return DraftTargetResources(DraftModel(load_draft(config, target), target.vocab_size))
+
+
+@hookimpl
+def specdec_prepare_draft_tokens(
+    config: SpeculativeConfig, requests: list[Request], resource_manager: DraftTargetResources
+) -> list[DraftProposal] | None:
+    if not isinstance(config, DraftTargetDecodingConfig):
+        return None
+    drafter = resource_manager.drafter
+    return [drafter.propose(r, r.method_state) for r in requests]
+
+
+@hookimpl
+def specdec_accept(
+    config: SpeculativeConfig, requests: list[Request], results: list[VerifyResult], resource_manager: DraftTargetResources
+) -> None:
+    if isinstance(config, DraftTargetDecodingConfig):
+        for request in requests:
+            resource_manager.drafter.accept(request, request.method_state)
+
+
+@hookimpl
+def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext) -> dict[str, Any] | None:
+    if not isinstance(config, DraftTargetDecodingConfig):
+        return None
+    assistant = load_draft(config, target)
+    # A fixed draft length, as specdec's: transformers' default schedule adapts it.
+    assistant.generation_config.num_assistant_tokens = config.max_draft_len
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    return {"assistant_model": assistant}
+
+
+@hookimpl
+def specdec_train_commands() -> list[click.Command]:
+    from specdec_draft_target.train import train_draft
+
+    return [train_draft]

@@ -1,0 +1,47 @@
+"""The draft/target method passes the conformance suite with a smaller draft and with the target
+itself as its own draft (where every greedy draft must be accepted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.testing.conformance import MethodConformance, fixed_draft_len
+from specdec_draft_target import DraftTargetDecodingConfig
+from specdec_draft_target.train import build_draft
+from draft_target_helpers import save
+
+
+class TestSmallDraftConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        draft = save(build_draft(target.model, [0]), target.tokenizer, tmp_path / "draft")
+        return DraftTargetDecodingConfig(max_draft_len=4, speculative_model=str(draft))
+
+
+class TestDraftEqualsTargetConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        draft = save(target.model, target.tokenizer, tmp_path / "draft")
+        return {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model_dir": str(draft)}
+
+    def test_every_greedy_draft_accepted(self, spec: LLM, prompts: list[list[int]]) -> None:
+        """The target drafting for itself agrees with itself: full acceptance, full drafts."""
+        spec.reset_metrics()
+        spec.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=30, ignore_eos=True))
+        m = spec.get_metrics()
+        assert m.num_draft_tokens > 0
+        assert m.num_accepted_tokens == m.num_draft_tokens
+        assert m.mean_acceptance_length == pytest.approx(1 + 3)
+
+    def test_sampled_output_follows_target_distribution(self, target, config, prompts) -> None:
+        """Replaces the suite's chi-square test, which needs rejections to prove anything: with
+        q equal to p, rejection sampling keeps (all but rounding-level) every draft. The
+        small-draft class above runs the distribution test."""
+        llm = LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer)
+        try:
+            for seed in range(20):
+                params = self.sampling.model_copy(update={"seed": seed, "max_tokens": 16, "ignore_eos": True})
+                llm.generate({"prompt_token_ids": prompts[0]}, params)
+            m = llm.get_metrics()
+        finally:
+            llm.close()
+        assert m.num_draft_tokens > 0 and m.acceptance_rate > 0.99
