@@ -77,21 +77,30 @@ class SpeculativeConfig(BaseModel):
                     "(a schedule ends speculation above its largest batch size)"
                 )
             for batch_size, length in self.draft_len_schedule.items():
-                if batch_size < 1 or not 0 <= length <= self.max_draft_len:
+                if batch_size < 1 or not 0 <= length <= self.max_draft_tokens:
                     raise ValueError(
                         f"draft_len_schedule: {{{batch_size}: {length}}} needs a batch size >= 1 "
-                        f"and a draft length in [0, max_draft_len={self.max_draft_len}]"
+                        f"and a draft length in [0, {self.max_draft_tokens}] (the most draft tokens per step)"
                     )
         return self
 
+    @property
+    def max_draft_tokens(self) -> int:
+        """The most draft tokens one request verifies per step: ``max_draft_len`` for a chain.
+
+        A tree method overrides it with its node count (its ``max_draft_len`` is the tree's
+        depth); the engine's budgets, cuts and cost measurements count these tokens.
+        """
+        return self.max_draft_len
+
     def draft_len_for_batch(self, batch_size: int) -> int:
-        """The most drafts per request for a step that runs ``batch_size`` requests."""
+        """The most draft tokens per request for a step that runs ``batch_size`` requests."""
         if self.max_concurrency is not None and batch_size > self.max_concurrency:
             return 0
         if self.draft_len_schedule:
             fitting = [size for size in self.draft_len_schedule if size >= batch_size]
             return self.draft_len_schedule[min(fitting)] if fitting else 0
-        return self.max_draft_len
+        return self.max_draft_tokens
 
     def model_post_init(self, context: Any) -> None:
         if self.decoding_type is None and self.method_name:

@@ -59,7 +59,7 @@ class Engine:
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         self._next_id = 0
-        self._adaptive = config.adaptive_draft_len and config.max_draft_len > 0
+        self._adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
         #: Measured forward cost by batch size (adaptive draft length only).
         self.forward_costs: dict[int, ForwardCost] = {}
 
@@ -82,14 +82,14 @@ class Engine:
                 continue
             cache = self.runner.new_cache(rows)
             self.runner.forward_rows(cache, [[0] * 32] * rows)
-            for width in range(1, self.config.max_draft_len + 2):
+            for width in range(1, self.config.max_draft_tokens + 2):
                 self.runner.forward_rows(cache, [[0] * width] * rows)
                 self.runner.rollback(cache, width)
 
     def _cost(self, rows: int) -> ForwardCost:
         if rows not in self.forward_costs:
             self.forward_costs[rows] = ForwardCost.measure(
-                self.runner, self.config.max_draft_len + 1, rows=rows, sync=self._sync
+                self.runner, self.config.max_draft_tokens + 1, rows=rows, sync=self._sync
             )
         return self.forward_costs[rows]
 
