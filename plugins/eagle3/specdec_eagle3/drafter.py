@@ -13,8 +13,14 @@ features, which come from the target's own forwards at no extra cost:
 Those pairs wait in ``pending`` and enter the cache in one head forward when the next step
 drafts (catch-up). Drafting then extends the cache with the head's own output as the feature
 (EAGLE's chained step) and rolls those positions back afterwards, so the cache again holds only
-true pairs. Rolling back is cropping the cache's length, and the same cache, positions and
-attention mask argument serve a draft tree.
+true pairs. Rolling back is cropping the cache's length.
+
+With ``eagle_topk > 1`` greedy requests draft an EAGLE-2 tree (:mod:`specdec_eagle3.tree`): each
+depth runs one head forward over the whole frontier, every node attending to the committed cache,
+its ancestors' draft slots and itself; the draft slots are rolled back the same way. The target
+verifies the tree and keeps one root-down path, and ``accept`` takes the true features of exactly
+that path's rows. Sampled requests draft a chain of ``max_draft_len`` tokens: the core's
+rejection sampler verifies chains only.
 """
 
 from __future__ import annotations
@@ -22,13 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn import functional as F
 
 from specdec import DraftProposal, Request, ResourceManager, TargetContext, VerifyResult, logits_to_probs
 from specdec.sampling import sample
 from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import check_target, resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
+from specdec.errors import ConfigError
 from specdec_eagle3.head import HeadCache
+from specdec_eagle3.tree import TreeCandidates, frontier_mask
 
 
 @dataclass
@@ -49,6 +58,11 @@ class Eagle3Resources(ResourceManager):
         target_config = target.model.config
         check_target(head.config, head.embed_tokens is not None, int(target_config.hidden_size), target.vocab_size, source)
         self.layers = resolve_layers(config.eagle3_layers_to_capture, head.config, int(target_config.num_hidden_layers))
+        if config.eagle_topk > head.config.draft_vocab_size:
+            raise ConfigError(
+                f"eagle_topk: {config.eagle_topk} exceeds the head's draft vocabulary of {head.config.draft_vocab_size} tokens"
+            )
+        self.config = config
         self.head = head.place(target.device, target.dtype)
         self.embed = head.embed_tokens if head.embed_tokens is not None else target.model.get_input_embeddings()
         self.draft_ids = self.head.draft_to_target()
@@ -74,31 +88,78 @@ class Eagle3Resources(ResourceManager):
 
     def commit(self, request: Request, result: VerifyResult) -> None:
         """Queue the true features of the last token and the accepted drafts."""
-        if not request.finished:
-            rows = result.num_accepted + 1
-            request.method_state.pending.append(self.features(request.target_output.hidden_states, rows))
+        if request.finished:
+            return
+        hidden_states = request.target_output.hidden_states
+        if result.accepted_nodes is None:
+            features = self.features(hidden_states, result.num_accepted + 1)
+        else:
+            # Tree rows are [root, node 0, node 1, ...]: take the root and the accepted path's nodes.
+            rows = torch.tensor([0, *(1 + i for i in result.accepted_nodes)], device=hidden_states[0].device)
+            features = self.features(hidden_states)[rows]
+        request.method_state.pending.append(features)
 
     @torch.inference_mode()
     def propose(self, request: Request) -> DraftProposal:
-        """Chain-draft ``request.max_draft_len`` tokens (argmax, or sampled with their distributions)."""
-        if request.max_draft_len <= 0:
+        """Draft within the step's budget of ``request.max_draft_len`` tokens: a tree for a greedy
+        request when ``eagle_topk > 1``, else a chain (argmax, or sampled with its distributions)."""
+        budget = request.max_draft_len
+        if budget <= 0:
             return DraftProposal()
         state: HeadState = request.method_state
         hidden = self._catch_up(request, state)
-        committed = state.cache.length
+        depth = min(self.config.max_draft_len, budget)
+        if self.config.is_tree and request.params.greedy:
+            return self._tree(hidden, state.cache, depth, min(self.config.max_draft_tokens, budget))
+        return self._chain(request, hidden, state.cache, depth)
+
+    def _chain(self, request: Request, hidden: torch.Tensor, cache: HeadCache, length: int) -> DraftProposal:
+        committed = cache.length
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
-        for step in range(request.max_draft_len):
+        for step in range(length):
             token, dist = self._choose(self.head.logits(hidden)[0, -1], request)
             tokens.append(token)
             if dist is not None:
                 probs.append(dist)
-            if step + 1 < request.max_draft_len:
+            if step + 1 < length:
                 embeds = self.embed(torch.tensor([[token]], device=self.device))
                 position = torch.tensor([[committed + step]], device=self.device)
-                hidden = self.head(embeds, hidden, position, state.cache)
-        state.cache.crop(committed)
+                hidden = self.head(embeds, hidden, position, cache)
+        cache.crop(committed)
         return DraftProposal(tokens, torch.stack(probs) if probs else None)
+
+    def _tree(self, hidden: torch.Tensor, cache: HeadCache, depth: int, num_nodes: int) -> DraftProposal:
+        """EAGLE-2: expand the ``eagle_topk`` best nodes per depth, one head forward per depth, then
+        keep the best ``num_nodes`` candidates. ``hidden`` is the head's output at the last true pair."""
+        topk, device = self.config.eagle_topk, self.device
+        committed = cache.length
+        candidates = TreeCandidates(device)
+        root = torch.full((1,), -1, dtype=torch.long, device=device)
+        frontier, scores, tokens = candidates.add_children(
+            root, torch.zeros(1, device=device), self._logprobs(hidden[0]), self.draft_ids, topk
+        )
+        inputs = hidden[0].expand(topk, -1)
+        ancestors = torch.zeros(topk, 0, dtype=torch.bool, device=device)
+        for level in range(1, depth):
+            embeds = self.embed(tokens[None])
+            positions = torch.full((1, topk), committed + level - 1, device=device)
+            out = self.head(embeds, inputs[None], positions, cache, frontier_mask(committed, ancestors)[None, None])[0]
+            children, child_scores, child_tokens = candidates.add_children(
+                frontier, scores, self._logprobs(out), self.draft_ids, topk
+            )
+            scores, best = child_scores.topk(topk)
+            frontier, tokens, parent_rows = children[best], child_tokens[best], best // topk
+            inputs = out[parent_rows]
+            seen = torch.cat((ancestors, torch.eye(topk, dtype=torch.bool, device=device)), dim=1)
+            ancestors = seen[parent_rows]
+        cache.crop(committed)
+        token_ids, parents = candidates.best(num_nodes)
+        return DraftProposal(token_ids, parents=parents)
+
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary log-probabilities for head output states ``[N, hidden]`` (float32)."""
+        return F.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
     def _catch_up(self, request: Request, state: HeadState) -> torch.Tensor:
         """Run the pending true pairs through the head; returns its output at the last one, ``[1, 1, hidden]``."""

@@ -1,0 +1,192 @@
+"""EAGLE-2 tree drafting: lossless greedy output, real branching, a head cache that stays in step,
+and chains for sampled requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from eagle3_tiny import fitted_head
+from torch.nn import functional as F
+
+from specdec import LLM, SamplingParams
+from specdec.testing import make_tiny_target
+from specdec_eagle3 import save_head
+from specdec_eagle3.drafter import Eagle3Resources
+from specdec_eagle3.tree import TreeCandidates, frontier_mask
+
+PROMPTS = ("the cat sat on the mat. the cat", "hello world, hello", "one two three, one two", "abc abd abe ab")
+DEPTH, TOPK, NODES = 3, 3, 8
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_target(seed=0)
+
+
+@pytest.fixture(scope="module")
+def head_dir(target, tmp_path_factory) -> Path:
+    return save_head(fitted_head(target.model, (0, 1)), tmp_path_factory.mktemp("fitted"), "speculators")
+
+
+@pytest.fixture(scope="module")
+def expected(target) -> dict[str, list[int]]:
+    plain = LLM(target.model, None, tokenizer=target.tokenizer)
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    return {text: plain.generate({"prompt_token_ids": target.encode(text)}, params)[0].token_ids for text in PROMPTS}
+
+
+def _config(head_dir: Path, **options) -> dict:
+    return {"method": "eagle3", "model": str(head_dir), "max_draft_len": DEPTH, "eagle_topk": TOPK,
+            "num_draft_tokens": NODES, "adaptive_draft_len": False, **options}
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
+    """Record every proposal (tokens so far, greedy?, node budget, proposal) and every committed (proposal, result)."""
+    proposals, results = [], []
+    latest = {}
+    propose, commit = Eagle3Resources.propose, Eagle3Resources.commit
+
+    def recording_propose(self, request):
+        proposal = propose(self, request)
+        proposals.append((list(request.token_ids), request.params.greedy, request.max_draft_len, proposal))
+        latest[request.request_id] = proposal
+        return proposal
+
+    def recording_commit(self, request, result):
+        results.append((latest.pop(request.request_id, None), result))
+        commit(self, request, result)
+
+    monkeypatch.setattr(Eagle3Resources, "propose", recording_propose)
+    monkeypatch.setattr(Eagle3Resources, "commit", recording_commit)
+    return proposals, results
+
+
+def _paths(token_ids: list[int], parents: list[int]) -> set[tuple[int, ...]]:
+    """Each node as the token path from the root down to it."""
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(token_ids, parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return set(paths)
+
+
+@torch.no_grad()
+def _tree_from_scratch(
+    manager: Eagle3Resources, model: torch.nn.Module, token_ids: list[int], depth: int, nodes: int
+) -> set[tuple[int, ...]]:
+    """The EAGLE-2 tree recomputed plainly: no head cache, no masks, no batching. Every node's head
+    state is a causal pass over the true pairs followed by its own path (each draft fed the head's
+    output at its parent); candidates are expanded and reranked with Python sorts."""
+    head, embed = manager.head, model.get_input_embeddings()
+    hidden_states = [h[0] for h in model(torch.tensor([token_ids[:-1]]), output_hidden_states=True).hidden_states]
+    true_embeds = embed(torch.tensor([token_ids[1:]]))
+    true_inputs = head.fuse(manager.features(tuple(hidden_states))[None])
+
+    def state(path: tuple[int, ...], outputs: list[torch.Tensor]) -> torch.Tensor:
+        embeds = torch.cat([true_embeds, embed(torch.tensor([list(path)], dtype=torch.long))], 1)
+        inputs = torch.cat([true_inputs, torch.stack(outputs)[None]], 1) if outputs else true_inputs
+        return head(embeds, inputs, torch.arange(embeds.shape[1])[None])[0, -1]
+
+    root = state((), [])
+    frontier = [((), 0.0, root, [])]
+    candidates: list[tuple[tuple[int, ...], float]] = []
+    for level in range(depth):
+        children = []
+        for path, score, out, outputs in frontier:
+            values, ids = F.log_softmax(head.logits(out).float(), -1).topk(TOPK)
+            for value, i in zip(values.tolist(), ids.tolist()):
+                children.append((path + (int(manager.draft_ids[i]),), score + value, outputs + [out]))
+        candidates += [(path, score) for path, score, _ in children]
+        best = sorted(children, key=lambda c: -c[1])[:TOPK]
+        if level + 1 < depth:
+            frontier = [(path, score, state(path, outputs), outputs) for path, score, outputs in best]
+    return {path for path, _ in sorted(candidates, key=lambda c: -c[1])[:nodes]}
+
+
+def test_candidates_rerank_into_a_tree_with_parents_first() -> None:
+    """The best nodes by cumulative log-prob form a tree laid out parents first, even when a deep
+    node outscores a shallow one and when a child ties its parent (log-prob 0)."""
+    candidates = TreeCandidates(torch.device("cpu"))
+    vocab = torch.arange(10, 14)
+    root = torch.tensor([-1])
+    logprobs = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    first, scores, tokens = candidates.add_children(root, torch.zeros(1), logprobs, vocab, 2)
+    assert first.tolist() == [0, 1] and tokens.tolist() == [10, 11]
+    children = torch.log(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.1, 0.2, 0.3, 0.4]]))
+    second, _, _ = candidates.add_children(first, scores, children, vocab, 2)
+    assert second.tolist() == [2, 3, 4, 5]
+    token_ids, parents = candidates.best(4)
+    # Scores: 10: .5, 11: .3, 10>10: .5 (ties its parent), 10>11: 0, 11>13: .12, 11>12: .09.
+    assert (token_ids, parents) == ([10, 10, 11, 13], [-1, 0, -1, 2])
+    assert candidates.best(1) == ([10], [-1])
+
+
+def test_frontier_mask_sees_committed_ancestors_and_itself() -> None:
+    ancestors = torch.tensor([[True, False], [False, True]])
+    mask = frontier_mask(3, ancestors)
+    assert mask.tolist() == [[True] * 3 + [True, False] + [True, False], [True] * 3 + [False, True] + [False, True]]
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 3])
+def test_greedy_trees_equal_plain_greedy_and_the_cache_stays_in_step(
+    target, head_dir, expected, monkeypatch, max_batch_size
+) -> None:
+    """Alone and in a batch, tree output equals plain greedy, every proposal is a real tree of
+    ``num_draft_tokens`` nodes (or the step's budget), and every proposal equals the tree recomputed
+    from scratch with the true target features: the head cache keeps exactly the accepted paths."""
+    proposals, _ = _recording(monkeypatch)
+    with LLM(target.model, _config(head_dir), tokenizer=target.tokenizer, max_batch_size=max_batch_size) as llm:
+        outputs = llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS],
+                               SamplingParams(max_tokens=32, ignore_eos=True))
+        manager = llm.engine.resource_manager
+        assert [o.token_ids for o in outputs] == [expected[t] for t in PROMPTS]
+        assert llm.get_metrics().num_accepted_tokens > len(PROMPTS)
+        for tokens, _, budget, proposal in proposals:
+            assert len(proposal) == min(NODES, budget) and proposal.parents is not None
+            reference = _tree_from_scratch(manager, target.model, tokens, min(DEPTH, budget), min(NODES, budget))
+            assert _paths(proposal.token_ids, proposal.parents) == reference
+        assert sum(p.parents.count(-1) > 1 and len(p) == NODES for *_, p in proposals) > len(PROMPTS), "no real trees"
+
+
+def test_trees_accept_other_branches_and_more_tokens_than_the_chain(target, head_dir, expected, monkeypatch) -> None:
+    """The verifier sometimes keeps a path that leaves the head's top choice (a node that is not
+    its parent's first child), and the tree accepts more tokens per step than a chain of the same
+    depth on the same prompts."""
+    _, results = _recording(monkeypatch)
+    params = SamplingParams(max_tokens=32, ignore_eos=True)
+    prompts = [{"prompt_token_ids": target.encode(t)} for t in PROMPTS]
+    with LLM(target.model, _config(head_dir), tokenizer=target.tokenizer) as llm:
+        llm.generate(prompts, params)
+        tree = llm.get_metrics()
+    with LLM(target.model, _config(head_dir, eagle_topk=1, num_draft_tokens=None), tokenizer=target.tokenizer) as llm:
+        llm.generate(prompts, params)
+        chain = llm.get_metrics()
+    side_branches = [(p, r) for p, r in results if r.accepted_nodes and _leaves_first_choices(p.parents, r.accepted_nodes)]
+    assert side_branches, "every accepted path followed the head's first choices: the tree never helped"
+    assert tree.mean_acceptance_length > chain.mean_acceptance_length
+
+
+def _leaves_first_choices(parents: list[int], path: list[int]) -> bool:
+    """Whether some node of ``path`` is not the first (best-scoring) child of its parent."""
+    first_child: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        first_child.setdefault(parent, node)
+    return any(first_child[parents[node]] != node for node in path)
+
+
+def test_sampled_requests_draft_chains(target, head_dir, expected, monkeypatch) -> None:
+    """With tree options set, a batch mixing greedy and sampled requests drafts trees for the greedy
+    ones and chains with their distributions for the sampled ones (the core verifies trees
+    greedily only); greedy output still equals plain greedy."""
+    proposals, _ = _recording(monkeypatch)
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, top_k=3, max_tokens=16, seed=3, ignore_eos=True)
+    ids = target.encode(PROMPTS[0])
+    with LLM(target.model, _config(head_dir), tokenizer=target.tokenizer, max_batch_size=2) as llm:
+        outputs = llm.generate([{"prompt_token_ids": ids}] * 2, [greedy, sampled])
+    assert outputs[0].token_ids == expected[PROMPTS[0]][:16]
+    sampled_drafts = [p for _, is_greedy, _, p in proposals if not is_greedy and len(p)]
+    greedy_drafts = [p for _, is_greedy, _, p in proposals if is_greedy and len(p)]
+    assert sampled_drafts and all(p.parents is None and p.probs is not None and len(p) <= DEPTH for p in sampled_drafts)
+    assert greedy_drafts and all(p.parents is not None for p in greedy_drafts)
