@@ -3,7 +3,8 @@
 The head is fitted to the suite's tiny target (see ``eagle3_tiny``), so drafts are accepted
 often but not always, and it drafts from a compressed vocabulary mapped through ``d2t``. The tiny
 target has 2 layers, too few for the default {2, L//2, L-3}; the fused layers come from the
-config option in one class and from the checkpoint's record in the other.
+config option in one class and from the checkpoint's record in the others. The tree class
+spells its options as SGLang does.
 """
 
 from eagle3_tiny import fitted_head
@@ -24,3 +25,13 @@ class TestEagle3SpeculatorsConformance(MethodConformance):
         head = fitted_head(target.model, (0, 1))
         save_head(head, tmp_path / "head", "speculators")
         return {"method": "eagle3", "model": str(tmp_path / "head"), "num_speculative_tokens": 4}
+
+
+class TestEagle3TreeConformance(MethodConformance):
+    """Tree options on: greedy requests verify EAGLE-2 trees, sampled requests chains of max_draft_len."""
+
+    def make_config(self, target, tmp_path):
+        head = fitted_head(target.model, (0, 1))
+        save_head(head, tmp_path / "head", "safeailab")
+        return {"decoding_type": "Eagle3", "speculative_model": str(tmp_path / "head"), "speculative_num_steps": 3,
+                "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 9}

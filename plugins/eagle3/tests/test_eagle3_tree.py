@@ -11,6 +11,7 @@ from eagle3_tiny import fitted_head
 from torch.nn import functional as F
 
 from specdec import LLM, SamplingParams
+from specdec.errors import ConfigError
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import save_head
 from specdec_eagle3.drafter import Eagle3Resources
@@ -190,3 +191,9 @@ def test_sampled_requests_draft_chains(target, head_dir, expected, monkeypatch) 
     greedy_drafts = [p for _, is_greedy, _, p in proposals if is_greedy and len(p)]
     assert sampled_drafts and all(p.parents is None and p.probs is not None and len(p) <= DEPTH for p in sampled_drafts)
     assert greedy_drafts and all(p.parents is not None for p in greedy_drafts)
+
+
+def test_topk_wider_than_the_draft_vocabulary(target, head_dir) -> None:
+    """The head's draft vocabulary (24 tokens here) bounds eagle_topk; the error names the field."""
+    with pytest.raises(ConfigError, match="eagle_topk: 30 exceeds the head's draft vocabulary of 24 tokens"):
+        LLM(target.model, _config(head_dir, eagle_topk=30, num_draft_tokens=None), tokenizer=target.tokenizer)
