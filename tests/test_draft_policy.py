@@ -1,8 +1,10 @@
 """Adaptive draft length: speculate only when the expected tokens pay for the verify cost."""
 
+import time
+
 import pytest
 
-from specdec import LLM, SamplingParams
+from specdec import LLM, SamplingParams, UserProvidedDecodingConfig
 from specdec.draft_policy import PRIOR_ACCEPTANCE, AcceptanceEstimate, ForwardCost
 
 
@@ -101,3 +103,29 @@ def test_engine_cuts_drafts_losslessly(tiny):
         # Only 3- and 4-token drafts were verified: no draft ever ended at position 1 or 2.
         per_pos = long_only.metrics.num_accepted_tokens_per_pos
         assert long_only.metrics.num_draft_tokens >= 3 * long_only.metrics.num_drafts and len(per_pos) >= 3
+
+
+def test_drafting_cost_counts_before_drafting():
+    """A drafter costing as much per token as a target forward cannot pay for itself at 50%
+    acceptance on a flat verify cost; a free one can."""
+    cost = ForwardCost([1.0] * 5, base_seconds=0.01)
+    half = estimate(*[(4, 4), (4, 0)] * 8)
+    assert cost.best_length([half], [4], draft_cost=0.0) == 4
+    assert cost.best_length([half], [4], draft_cost=1.0) == 0
+
+
+def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
+    """A drafter that sleeps 30 ms per drafted token, against a tiny target whose forwards take
+    about a millisecond, is measured and then mostly skipped; the output is unchanged."""
+    class Slow:
+        def prepare_draft_tokens(self, requests, resource_manager):
+            time.sleep(0.03 * max(r.max_draft_len for r in requests))
+            return [[r.token_ids[-1]] * r.max_draft_len for r in requests]
+
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
+    with LLM(tiny.model, UserProvidedDecodingConfig(drafter=Slow(), max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
+        got = llm.generate(prompt, params)[0]
+    assert got.token_ids == plain.token_ids
+    assert 0 < got.metrics.num_drafts <= got.metrics.num_steps // 4

@@ -56,3 +56,19 @@ def test_batched_rows_match_single_request_forwards(tiny):
         if cache is joiner:
             runner.forward(reference, [9, 9, 8])
         torch.testing.assert_close(out.logits, runner.forward(reference, row).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_of_a_cache_that_never_ran_can_join(tiny):
+    """A fresh cache (no forward yet) joins a running batch as empty rows, and a running cache
+    joins a fresh batch; the empty row then prefills inside the batch like any other."""
+    runner = ModelRunner(tiny.model)
+    batch = runner.new_cache()
+    runner.forward(batch, [5, 6, 7])
+    batch.append_rows(runner.new_cache())
+    assert batch.lengths == [3, 0]
+    out = runner.forward_rows(batch, [[8], [9, 10, 11]])
+    fresh = runner.new_cache()
+    torch.testing.assert_close(out[1].logits, runner.forward(fresh, [9, 10, 11]).logits, atol=1e-5, rtol=1e-5)
+    empty = runner.new_cache(rows=0)
+    empty.append_rows(batch)
+    assert empty.lengths == [4, 3]

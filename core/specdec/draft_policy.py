@@ -13,7 +13,9 @@ pausing costs at most one probe per window.
 
 The batch verifies every request at one width (rows are padded to the longest), so the policy
 picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
-come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding).
+come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding). Before drafting, the cost
+includes the drafter's own time per drafted token, measured as the engine runs (a draft model's
+forwards are not free; an n-gram lookup nearly is).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ PRIOR_WEIGHT = 0.5
 TOLERANCE = 0.05
 #: Steps a request's acceptance window holds, unless the config says otherwise.
 DEFAULT_WINDOW = 16
+#: Weight of the newest step in the running drafting-time estimate.
+DRAFT_TIME_WEIGHT = 0.2
 
 
 class AcceptanceEstimate:
@@ -68,10 +72,14 @@ class AcceptanceEstimate:
 
 
 class ForwardCost:
-    """Cost of a target forward by width (tokens per request), relative to one token, for one batch size."""
+    """Cost of a target forward by width (tokens per request), relative to one token, for one batch size.
 
-    def __init__(self, relative: list[float]) -> None:
+    ``base_seconds`` is the measured time of the one-token forward, the unit of ``relative``.
+    """
+
+    def __init__(self, relative: list[float], base_seconds: float = 0.0) -> None:
         self.relative = relative
+        self.base_seconds = base_seconds
 
     @classmethod
     def measure(
@@ -107,13 +115,21 @@ class ForwardCost:
                 runner.rollback(cache, width)
             # The fastest run is the one least disturbed by the rest of the machine.
             timings.append(min(samples))
-        return cls([t / timings[0] for t in timings])
+        return cls([t / timings[0] for t in timings], timings[0])
 
-    def best_length(self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int]) -> int:
+    def best_length(
+        self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int], draft_cost: float = 0.0
+    ) -> int:
         """The longest draft length for the batch whose expected tokens per unit of cost are within
-        ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts."""
+        ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts.
+
+        ``draft_cost`` is what drafting one more token for the batch costs, in one-token forwards
+        (0 once the drafts exist: their cost is spent).
+        """
         longest = min(max(offered, default=0), len(self.relative) - 1)
         gains = [e.expected_tokens(min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
-        rates = [sum(g[min(n, len(g) - 1)] for g in gains) / self.relative[n] for n in range(longest + 1)]
+        rates = [
+            sum(g[min(n, len(g) - 1)] for g in gains) / (self.relative[n] + draft_cost * n) for n in range(longest + 1)
+        ]
         best = max(rates)
         return max(n for n in range(longest + 1) if rates[n] >= best * (1 - TOLERANCE))

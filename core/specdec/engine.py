@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import AcceptanceEstimate, ForwardCost
+from specdec.draft_policy import DRAFT_TIME_WEIGHT, AcceptanceEstimate, ForwardCost
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request, VerifyResult
@@ -62,6 +62,8 @@ class Engine:
         self._adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
         #: Measured forward cost by batch size (adaptive draft length only).
         self.forward_costs: dict[int, ForwardCost] = {}
+        #: Running drafting time per drafted token (per round: the longest proposal), by batch size.
+        self.draft_seconds: dict[int, float] = {}
 
     def close(self) -> None:
         if self.resource_manager is not None:
@@ -186,12 +188,23 @@ class Engine:
             request.max_draft_len = max(budget, 0)
         cost = self._cost(len(batch)) if self._adaptive and limit > 0 else None
         if cost is not None:
-            # Before drafting: a batch whose recent acceptance does not pay skips the drafter.
-            keep = cost.best_length([r.acceptance for r in batch], [r.max_draft_len for r in batch])
+            # Before drafting: a batch whose recent acceptance does not pay for the drafting and
+            # the wider forward skips the drafter.
+            draft_cost = self.draft_seconds.get(len(batch), 0.0) / cost.base_seconds if cost.base_seconds else 0.0
+            keep = cost.best_length([r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost)
+            if keep == 0 and len(batch) in self.draft_seconds:
+                # Paused steps fade the drafting-time estimate, so one slow measurement does not
+                # pause drafting for good: it is measured again once it looks affordable.
+                self.draft_seconds[len(batch)] *= 1 - 1 / config.adaptive_window
             for request in batch:
                 request.max_draft_len = min(request.max_draft_len, keep)
         if any(r.max_draft_len for r in batch):
             proposals = self._draft(batch)
+            longest = max(len(p) for p in proposals)
+            if longest:
+                per_token = (time.perf_counter() - step_start) / longest
+                previous = self.draft_seconds.get(len(batch), per_token)
+                self.draft_seconds[len(batch)] = previous + DRAFT_TIME_WEIGHT * (per_token - previous)
         else:
             proposals = [DraftProposal() for _ in batch]
         if cost is not None and any(len(p) for p in proposals):

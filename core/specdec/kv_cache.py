@@ -72,15 +72,21 @@ class GrowableLayer(DynamicLayer):
             self._key_buf = self._key_buf.index_select(0, rows)
             self._value_buf = self._value_buf.index_select(0, rows)
 
-    def append_rows(self, other: GrowableLayer) -> None:
-        """Add ``other``'s rows after this layer's (capacity becomes the larger of the two)."""
-        if other._key_buf is None:
+    def append_rows(self, other: GrowableLayer, num_mine: int, num_theirs: int) -> None:
+        """Add ``other``'s rows after this layer's (capacity becomes the larger of the two).
+
+        Either side may not have run a forward yet (no buffers): its rows start empty.
+        """
+        if other._key_buf is None and self._key_buf is None:
             return
-        if self._key_buf is None or self._key_buf.shape[0] == 0:
-            self._key_buf, self._value_buf = other._key_buf, other._value_buf
-            self.dtype, self.device, self.is_initialized = other.dtype, other.device, True
-            return
-        capacity = max(self._key_buf.shape[-2], other._key_buf.shape[-2])
+        like = self._key_buf if self._key_buf is not None else other._key_buf
+
+        def rows(buf: torch.Tensor | None, count: int) -> torch.Tensor:
+            return buf if buf is not None else like.new_zeros(count, like.shape[1], 0, like.shape[-1])
+
+        mine_k, theirs_k = rows(self._key_buf, num_mine), rows(other._key_buf, num_theirs)
+        mine_v, theirs_v = rows(self._value_buf, num_mine), rows(other._value_buf, num_theirs)
+        capacity = max(mine_k.shape[-2], theirs_k.shape[-2])
 
         def joined(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
             shape = (mine.shape[0] + theirs.shape[0], mine.shape[1], capacity, mine.shape[-1])
@@ -89,8 +95,9 @@ class GrowableLayer(DynamicLayer):
             buf[mine.shape[0] :, :, : theirs.shape[-2]] = theirs
             return buf
 
-        self._key_buf = joined(self._key_buf, other._key_buf)
-        self._value_buf = joined(self._value_buf, other._value_buf)
+        self._key_buf = joined(mine_k, theirs_k)
+        self._value_buf = joined(mine_v, theirs_v)
+        self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("roll back through BatchKVCache.crop / rollback_rows")
@@ -178,7 +185,7 @@ class BatchKVCache(DynamicCache):
     def append_rows(self, other: BatchKVCache) -> None:
         """Move ``other``'s rows (e.g. a request just prefilled alone) to the end of this batch."""
         for mine, theirs in zip(self.layers, other.layers, strict=True):
-            mine.append_rows(theirs)
+            mine.append_rows(theirs, self.num_rows, other.num_rows)
         self.lengths = self.lengths + other.lengths
 
 

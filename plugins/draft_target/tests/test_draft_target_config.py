@@ -33,7 +33,6 @@ def test_zero_draft_len_refused() -> None:
 def test_mismatched_tokenizer_refused(tiny, mismatched_draft_dir: Path) -> None:
     """A draft with another vocabulary is refused with the reason, before any generation."""
     config = DraftTargetDecodingConfig(speculative_model=str(mismatched_draft_dir))
-    # The engine reports any set-up failure as a PluginError naming the method and the cause.
     with pytest.raises(SpecdecError) as info:
         LLM(tiny.model, config, tokenizer=tiny.tokenizer)
     message = str(info.value)

@@ -9,7 +9,7 @@ import torch
 from eagle3_tiny import fitted_head, head_config
 
 from specdec import LLM, SamplingParams
-from specdec.errors import PluginError
+from specdec.errors import SpecdecError
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import Eagle3Head, save_head
 from specdec_eagle3.drafter import Eagle3Resources
@@ -128,7 +128,7 @@ def test_default_layers_on_a_deep_target(tmp_path) -> None:
     ],
 )
 def test_layers_that_do_not_fit_the_target(target, random_dir, options, message) -> None:
-    with pytest.raises(PluginError, match=message):
+    with pytest.raises(SpecdecError, match=message):
         LLM(target.model, {"method": "eagle3", "model": str(random_dir), **options}, tokenizer=target.tokenizer)
 
 
@@ -136,10 +136,10 @@ def test_head_for_another_target(tmp_path) -> None:
     """A head trained for a wider target, or another vocabulary, is refused when the LLM is built."""
     wide, narrow = make_tiny_target(seed=0, hidden=64), make_tiny_target(seed=0, hidden=32)
     path = save_head(Eagle3Head(head_config(wide.model, (0, 1), draft_vocab_size=36)), tmp_path / "wide")
-    with pytest.raises(PluginError, match="fc reads target states of width 64, but the target's hidden_size is 32"):
+    with pytest.raises(SpecdecError, match="fc reads target states of width 64, but the target's hidden_size is 32"):
         LLM(narrow.model, {"method": "eagle3", "model": str(path)}, tokenizer=narrow.tokenizer)
     config = head_config(wide.model, (0, 1), draft_vocab_size=36)
     config.llama.vocab_size = 50
     path = save_head(Eagle3Head(config), tmp_path / "vocab")
-    with pytest.raises(PluginError, match="vocab_size 50 differs from the target's 36 tokens"):
+    with pytest.raises(SpecdecError, match="vocab_size 50 differs from the target's 36 tokens"):
         LLM(wide.model, {"method": "eagle3", "model": str(path)}, tokenizer=wide.tokenizer)
