@@ -120,7 +120,10 @@ def test_candidates_rerank_into_a_tree_with_parents_first() -> None:
     token_ids, parents = candidates.best(4)
     # Scores: 10: .5, 11: .3, 10>10: .5 (ties its parent), 10>11: 0, 11>13: .12, 11>12: .09.
     assert (token_ids, parents) == ([10, 10, 11, 13], [-1, 0, -1, 2])
-    assert candidates.best(1) == ([10], [-1])
+    # A cut keeps the best nodes: every shorter selection is a leading run of a longer one.
+    for n in range(1, 6):
+        shorter, longer = candidates.best(n), candidates.best(6)
+        assert shorter == (longer[0][:n], longer[1][:n])
 
 
 def test_frontier_mask_sees_committed_ancestors_and_itself() -> None:
@@ -197,3 +200,13 @@ def test_topk_wider_than_the_draft_vocabulary(target, head_dir) -> None:
     """The head's draft vocabulary (24 tokens here) bounds eagle_topk; the error names the field."""
     with pytest.raises(ConfigError, match="eagle_topk: 30 exceeds the head's draft vocabulary of 24 tokens"):
         LLM(target.model, _config(head_dir, eagle_topk=30, num_draft_tokens=None), tokenizer=target.tokenizer)
+
+
+def test_adaptive_cuts_keep_trees_lossless(target, head_dir, expected) -> None:
+    """With the adaptive draft length on, the engine may cut a tree to its first nodes; they are the
+    best-scoring ones and still a tree, so greedy output is unchanged."""
+    with LLM(target.model, _config(head_dir, adaptive_draft_len=True), tokenizer=target.tokenizer, max_batch_size=3) as llm:
+        outputs = llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS],
+                               SamplingParams(max_tokens=32, ignore_eos=True))
+        assert llm.get_metrics().num_drafts > 0, "the adaptive policy drafted nothing: the test would prove nothing"
+    assert [o.token_ids for o in outputs] == [expected[t] for t in PROMPTS]
