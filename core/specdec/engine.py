@@ -207,8 +207,10 @@ class Engine:
                 self.draft_seconds[len(batch)] = previous + DRAFT_TIME_WEIGHT * (per_token - previous)
         else:
             proposals = [DraftProposal() for _ in batch]
-        if cost is not None and any(len(p) for p in proposals):
-            # After drafting: the offered lengths are known (an n-gram often offers fewer).
+        if cost is not None and any(len(p) for p in proposals) and all(p.parents is None for p in proposals):
+            # After drafting: the offered lengths are known (an n-gram often offers fewer). A tree
+            # was sized by its method to the budget; cutting it by chain estimates would lose
+            # the branches that make it worth drafting.
             keep = cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals])
             proposals = [_truncate(p, keep) if len(p) > keep else p for p in proposals]
         drafted = time.perf_counter()
@@ -236,7 +238,7 @@ class Engine:
         for request, proposal, result in zip(batch, proposals, results):
             request.metrics.record_step(len(proposal), result.num_accepted)
             if len(proposal):
-                request.acceptance.update(len(proposal), result.num_accepted)
+                request.acceptance.update(_depth(proposal), result.num_accepted)
             else:
                 request.acceptance.skip()
             self._append(request, result.emitted(proposal))
@@ -310,6 +312,16 @@ def _truncate(proposal: DraftProposal, length: int) -> DraftProposal:
     probs = proposal.probs[:length] if proposal.probs is not None else None
     parents = proposal.parents[:length] if proposal.parents is not None else None
     return DraftProposal(proposal.token_ids[:length], probs, parents)
+
+
+def _depth(proposal: DraftProposal) -> int:
+    """How far down a proposal reaches: its length for a chain, its deepest path for a tree."""
+    if proposal.parents is None:
+        return len(proposal)
+    depth: list[int] = []
+    for parent in proposal.parents:
+        depth.append(depth[parent] + 1 if parent >= 0 else 1)
+    return max(depth, default=0)
 
 
 def _is_tree_path(parents: list[int], result: VerifyResult) -> bool:
