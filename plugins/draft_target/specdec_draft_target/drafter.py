@@ -1,13 +1,20 @@
-"""The draft model: its own KV cache per request, a chain of drafts per step, rolled back after.
+"""The draft model: one batched KV cache for the running requests, a chain of drafts per step.
 
-Per request the draft cache holds a prefix of the request's tokens (``committed``) followed by
-the drafts fed back into it while drafting (``pending``). Drafting first feeds the tokens the
-target emitted since the last step (catch-up), then drafts ``k`` tokens with ``k - 1`` more
-one-token forwards (the last draft is never fed: nothing needs its logits). After verification
-:meth:`DraftModel.accept` keeps the pending drafts the request actually kept and crops the rest.
+Each running request has a row in the draft's :class:`~specdec.kv_cache.BatchKVCache`. A row
+holds a prefix of the request's tokens (``committed``) followed by the drafts fed back into it
+while drafting (``pending``). Each step first reconciles the rows with the engine's batch (rows of
+finished requests leave, requests that joined bring the row their prompt was prefilled into, and
+rows follow the batch's order), keeps the pending drafts the request really emitted and drops the
+rest, then drafts for every request at once:
 
-All per-request state lives in ``request.method_state`` (a :class:`DraftState`), so a batched
-draft forward can replace the per-request loop without changing what is stored.
+- one batched forward feeds each row the tokens the target emitted since it last drafted
+  (usually the bonus token, or the whole tail after steps without drafting);
+- ``k - 1`` batched one-token forwards extend every row's chain (the last draft is never fed:
+  nothing needs its logits), ``k`` being the longest budget; rows with shorter budgets are
+  padded and rolled back.
+
+Reconciling from ``request.token_ids`` at each step makes the state right whatever happened in
+between, including steps the engine ran without drafting.
 """
 
 from __future__ import annotations
@@ -15,75 +22,127 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specdec import DraftProposal, Request, logits_to_probs
+from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
 from specdec.sampling import sample
 
 
 @dataclass
 class DraftState:
-    cache: DynamicCache
-    #: Token ids in ``cache``, in order.
+    """One request's place in the draft cache."""
+
+    #: Token ids in the request's cache row, in order.
     tokens: list[int] = field(default_factory=list)
     #: How many leading ``tokens`` are known to equal the request's own tokens.
     committed: int = 0
+    #: The row the prompt was prefilled into, until it joins the batch cache.
+    joining: BatchKVCache | None = None
 
 
 class DraftModel:
-    """A causal LM sharing the target's tokenizer, used as a drafter."""
+    """A causal LM sharing the target's tokenizer, used as a drafter for a batch of requests."""
 
     def __init__(self, model: PreTrainedModel, target_vocab_size: int) -> None:
         self.runner = ModelRunner(model)
         self.target_vocab_size = target_vocab_size
+        self.cache = self.runner.new_cache(rows=0)
+        #: Request ids of the cache's rows, in row order.
+        self.rows: list[int] = []
 
-    def new_state(self) -> DraftState:
-        return DraftState(self.runner.new_cache())
+    def add(self, request: Request) -> DraftState:
+        """Prefill the draft on the request's tokens but the last (alone); the row joins the batch
+        at the next step, which feeds that last token."""
+        cache = self.runner.new_cache()
+        prefix = request.token_ids[:-1]
+        if prefix:
+            self.runner.forward(cache, prefix, last_only=True)
+        return DraftState(list(prefix), len(prefix), cache)
 
-    def propose(self, request: Request, state: DraftState) -> DraftProposal:
-        """Draft up to ``request.max_draft_len`` tokens after ``request.token_ids``."""
-        self.accept(request, state)
-        k = min(request.max_draft_len, self.runner.max_length - len(request.token_ids))
-        if k <= 0:
-            return DraftProposal()
-        new = request.token_ids[state.committed :]
-        if not new:  # the cache already holds every token: re-feed the last one for its logits
-            self.runner.rollback(state.cache, 1)
-            state.tokens.pop()
-            new = request.token_ids[-1:]
-        logits = self._feed(state, new)
-        state.committed = len(state.tokens)
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        for i in range(k):
-            if request.params.greedy:
-                token = int(logits.argmax())
-            else:
-                q = logits_to_probs(logits, request.params)
-                token = sample(q, request.generator)
-                probs.append(q)
-            tokens.append(token)
-            if i < k - 1:
-                logits = self._feed(state, [token])
-        return DraftProposal(tokens, torch.stack(probs) if probs else None)
+    def propose(self, requests: list[Request]) -> list[DraftProposal]:
+        """Draft up to ``request.max_draft_len`` tokens after each request's ``token_ids``."""
+        states: list[DraftState] = [r.method_state for r in requests]
+        self._sync_rows(requests, states)
+        self._keep_confirmed(requests, states)
+        budgets = [max(min(r.max_draft_len, self.runner.max_length - len(r.token_ids)), 0) for r in requests]
+        rounds = max(budgets, default=0)
+        if rounds == 0:
+            return [DraftProposal() for _ in requests]
+        feed = []
+        for row, (request, state) in enumerate(zip(requests, states)):
+            new = request.token_ids[state.committed :]
+            if not new:  # the row already holds every token: re-feed the last one for its logits
+                self.cache.rollback_rows([int(r == row) for r in range(len(requests))])
+                state.tokens.pop()
+                new = request.token_ids[-1:]
+            feed.append(new)
+        logits = [self._on_target_vocab(out.logits[-1]) for out in self.runner.forward_rows(self.cache, feed)]
+        for state, new in zip(states, feed):
+            state.tokens.extend(new)
+            state.committed = len(state.tokens)
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        for step in range(rounds):
+            for b, request in enumerate(requests):
+                if step >= budgets[b]:
+                    continue
+                if request.params.greedy:
+                    drafts[b].append(int(logits[b].argmax()))
+                else:
+                    q = logits_to_probs(logits[b], request.params)
+                    drafts[b].append(sample(q, request.generator))
+                    probs[b].append(q)
+            if step == rounds - 1:
+                break
+            # Rows whose budget is spent are fed a placeholder, rolled back below.
+            tokens = [d[step] if step < len(d) else 0 for d in drafts]
+            outputs = self.runner.forward_rows(self.cache, [[t] for t in tokens])
+            logits = [self._on_target_vocab(out.logits[-1]) for out in outputs]
+            for b, state in enumerate(states):
+                if step < budgets[b] - 1:
+                    state.tokens.append(tokens[b])
+        self.cache.rollback_rows([rounds - 1 - max(k - 1, 0) for k in budgets])
+        return [DraftProposal(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
 
-    def accept(self, request: Request, state: DraftState) -> None:
-        """Keep the pending drafts that ``request.token_ids`` confirms; crop the others."""
-        pending = state.tokens[state.committed :]
-        actual = request.token_ids[state.committed : state.committed + len(pending)]
-        kept = 0
-        while kept < len(actual) and pending[kept] == actual[kept]:
-            kept += 1
-        self.runner.rollback(state.cache, len(pending) - kept)
-        del state.tokens[state.committed + kept :]
-        state.committed += kept
+    def release(self) -> None:
+        self.cache = self.runner.new_cache(rows=0)
+        self.rows = []
 
-    def _feed(self, state: DraftState, token_ids: list[int]) -> torch.Tensor:
-        """Append ``token_ids`` to the draft cache; the logits after the last, on the target's vocabulary."""
-        logits = self.runner.forward(state.cache, token_ids, last_only=True).logits[-1]
-        state.tokens.extend(token_ids)
-        return self._on_target_vocab(logits)
+    def _sync_rows(self, requests: list[Request], states: list[DraftState]) -> None:
+        """Make the cache's rows the batch's requests, in the batch's order."""
+        wanted = [r.request_id for r in requests]
+        if self.rows == wanted:
+            return
+        present = {rid: i for i, rid in enumerate(self.rows)}
+        keep = [present[rid] for rid in wanted if rid in present]
+        if keep != list(range(len(self.rows))):
+            self.cache.select_rows(keep)
+            self.rows = [self.rows[i] for i in keep]
+        for request, state in zip(requests, states):
+            if state.joining is not None:
+                self.cache.append_rows(state.joining)
+                self.rows.append(request.request_id)
+                state.joining = None
+        if self.rows != wanted:
+            position = {rid: i for i, rid in enumerate(self.rows)}
+            self.cache.select_rows([position[rid] for rid in wanted])
+            self.rows = wanted
+
+    def _keep_confirmed(self, requests: list[Request], states: list[DraftState]) -> None:
+        """Keep each row's pending drafts that its request emitted; drop the others."""
+        drop = []
+        for request, state in zip(requests, states):
+            pending = state.tokens[state.committed :]
+            actual = request.token_ids[state.committed : state.committed + len(pending)]
+            kept = 0
+            while kept < len(actual) and pending[kept] == actual[kept]:
+                kept += 1
+            drop.append(len(pending) - kept)
+            del state.tokens[state.committed + kept :]
+            state.committed += kept
+        self.cache.rollback_rows(drop)
 
     def _on_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         # Same tokenizer, but embedding matrices are often padded to different sizes: rows past

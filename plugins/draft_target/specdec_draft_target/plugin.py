@@ -14,7 +14,6 @@ from specdec import (
     ResourceManager,
     SpeculativeConfig,
     TargetContext,
-    VerifyResult,
     hookimpl,
 )
 from specdec.models import load_model
@@ -42,19 +41,20 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
 
 
 class DraftTargetResources(ResourceManager):
-    """The draft model; each request's draft KV cache lives in ``request.method_state``."""
+    """The draft model and its batched KV cache; each request's place in it is ``request.method_state``."""
 
     def __init__(self, drafter: DraftModel) -> None:
         super().__init__()
         self.drafter: DraftModel | None = drafter
 
     def add_request(self, request: Request) -> None:
-        request.method_state = self.drafter.new_state()
+        request.method_state = self.drafter.add(request)
 
     def free_request(self, request: Request) -> None:
         request.method_state = None
 
     def release(self) -> None:
+        self.drafter.release()
         self.drafter = None
         super().release()
 
@@ -82,17 +82,7 @@ def specdec_prepare_draft_tokens(
 ) -> list[DraftProposal] | None:
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
-    drafter = resource_manager.drafter
-    return [drafter.propose(r, r.method_state) for r in requests]
-
-
-@hookimpl
-def specdec_accept(
-    config: SpeculativeConfig, requests: list[Request], results: list[VerifyResult], resource_manager: DraftTargetResources
-) -> None:
-    if isinstance(config, DraftTargetDecodingConfig):
-        for request in requests:
-            resource_manager.drafter.accept(request, request.method_state)
+    return resource_manager.drafter.propose(requests)
 
 
 @hookimpl

@@ -23,11 +23,14 @@ class TestDraftEqualsTargetConformance(MethodConformance):
         draft = save(target.model, target.tokenizer, tmp_path / "draft")
         return {"decoding_type": "Draft_Target", "max_draft_len": 3, "speculative_model_dir": str(draft)}
 
-    def test_every_greedy_draft_accepted(self, spec: LLM, prompts: list[list[int]]) -> None:
-        """The target drafting for itself agrees with itself: full acceptance, full drafts."""
-        spec.reset_metrics()
-        spec.generate([{"prompt_token_ids": ids} for ids in prompts], SamplingParams(max_tokens=30, ignore_eos=True))
-        m = spec.get_metrics()
+    def test_every_greedy_draft_accepted(self, target, config, prompts: list[list[int]]) -> None:
+        """The target drafting for itself agrees with itself: full acceptance, full drafts, also
+        while requests of different lengths leave the batch and waiting ones join it (the draft
+        cache's rows follow the batch)."""
+        params = [SamplingParams(max_tokens=14 + 4 * i, ignore_eos=True) for i in range(len(prompts))]
+        with LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer, max_batch_size=3) as spec:
+            spec.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+            m = spec.get_metrics()
         assert m.num_draft_tokens > 0
         assert m.num_accepted_tokens == m.num_draft_tokens
         assert m.mean_acceptance_length == pytest.approx(1 + 3)
