@@ -79,7 +79,8 @@ def test_echo_drafts_the_last_token_repeated(installed_plugins, fresh_registry, 
         prompt = {"prompt_token_ids": tiny.encode("one two three, one two")}
         params = SamplingParams(max_tokens=20)
         expected = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
-        with LLM(tiny.model, EchoDecodingConfig(max_draft_len=5, repeat=3), tokenizer=tiny.tokenizer) as llm:
+        config = EchoDecodingConfig(max_draft_len=5, repeat=3, adaptive_draft_len=False)
+        with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
             got = llm.generate(prompt, params)[0]
     finally:
         registry.unregister_plugin("spy")
@@ -209,7 +210,8 @@ def test_register_and_unregister_in_process_plugin(tiny):
         assert info.distribution is None
         prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
         params = SamplingParams(max_tokens=16)
-        with LLM(tiny.model, {"decoding_type": "inproc", "max_draft_len": 2}, tokenizer=tiny.tokenizer) as llm:
+        config = {"decoding_type": "inproc", "max_draft_len": 2, "adaptive_draft_len": False}
+        with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
             assert llm.method == "in_process_test"
             got = llm.generate(prompt, params)[0]
         assert plugin.calls == got.metrics.num_steps > 0

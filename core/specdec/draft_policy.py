@@ -28,8 +28,8 @@ from specdec.runner import ModelRunner
 
 #: Optimistic start, so a request tries drafting before it has evidence either way.
 PRIOR_ACCEPTANCE = 0.6
-#: Weight of the prior, in observations: one step's evidence already outweighs it.
-PRIOR_WEIGHT = 0.5
+#: Weight of the prior, in observations: a single step moves the estimate, without deciding it.
+PRIOR_WEIGHT = 2.0
 #: A longer draft is kept unless it is expected to do this much worse than the best length:
 #: timings on a busy machine spread by a few percent, and a cut must not rest on noise.
 TOLERANCE = 0.05
