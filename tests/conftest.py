@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from specdec.plugins import reset_registry
 from specdec.testing import TinyTarget, make_tiny_target

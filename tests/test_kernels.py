@@ -13,7 +13,7 @@ import torch
 
 from specdec import kernels
 from specdec.errors import ConfigError, SpecdecError, VerifyInputError
-from specdec.kernels import dispatch, reference
+from specdec.kernels import dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
 

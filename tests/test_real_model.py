@@ -6,25 +6,20 @@ on Spec-Bench prompts while actually accepting drafts, and sampled output follow
 
 from __future__ import annotations
 
-import os
-
 import pytest
-import torch
 
 from specdec import LLM, SamplingParams
 from specdec.bench.dataset import load_questions
 from specdec.testing.conformance import P_VALUE_FLOOR, chi_square_p_value, exact_joint_distribution
+from specdec.testing.real_model import default_model_llm
 
 pytestmark = pytest.mark.real_model
 
 
 @pytest.fixture(scope="module")
 def plain() -> LLM:
-    # conftest pins one thread for the tiny models; the real model uses every core.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    yield LLM(None, None, dtype="float32")
-    torch.set_num_threads(threads)
+    with default_model_llm("float32") as llm:
+        yield llm
 
 
 @pytest.fixture(scope="module")

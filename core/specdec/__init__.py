@@ -1,7 +1,7 @@
 """specdec: lossless speculative decoding for Hugging Face transformers models."""
 
 from specdec.builtin.user_provided import UserProvidedDecodingConfig
-from specdec.config import PlainDecodingConfig, SpeculativeConfig
+from specdec.config import DraftingConfig, PlainDecodingConfig, SpeculativeConfig
 from specdec.errors import ConfigError, PluginError, SpecdecError, UnknownMethodError
 from specdec.hookspecs import hookimpl
 from specdec.llm import LLM, RequestOutput
@@ -14,6 +14,7 @@ __all__ = [
     "LLM",
     "ConfigError",
     "DraftProposal",
+    "DraftingConfig",
     "PlainDecodingConfig",
     "PluginError",
     "Request",

@@ -107,6 +107,18 @@ class SpeculativeConfig(BaseModel):
             object.__setattr__(self, "decoding_type", self.method_name)
 
 
+class DraftingConfig(SpeculativeConfig):
+    """The base of a method that drafts: at least one draft token per step."""
+
+    max_draft_len: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
+        description="Most draft tokens proposed per step (vLLM `num_speculative_tokens`).",
+    )
+
+
 class PlainDecodingConfig(SpeculativeConfig):
     """No speculation: one target forward per token. The baseline every method is measured against."""
 

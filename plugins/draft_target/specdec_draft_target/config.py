@@ -6,21 +6,14 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, Field
 
-from specdec import SpeculativeConfig
+from specdec import DraftingConfig
 
 
-class DraftTargetDecodingConfig(SpeculativeConfig):
+class DraftTargetDecodingConfig(DraftingConfig):
     """A separate, smaller causal LM that shares the target's tokenizer drafts a chain of tokens."""
 
     method_name: ClassVar[str] = "draft_target"
 
-    max_draft_len: int = Field(
-        default=4,
-        ge=1,
-        le=64,
-        validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
-        description="Draft tokens the draft model proposes per step (vLLM `num_speculative_tokens`).",
-    )
     speculative_model: str | None = Field(
         default=None,
         validation_alias=AliasChoices("speculative_model", "speculative_model_dir", "model"),

@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from specdec import SpeculativeConfig
+from specdec import DraftingConfig
 
 #: The most draft tree nodes one step verifies (a bound on the target forward's width).
 MAX_TREE_NODES = 512
 SGLANG_NUM_DRAFT_TOKENS = "speculative_num_draft_tokens"
 
 
-class Eagle3DecodingConfig(SpeculativeConfig):
+class Eagle3DecodingConfig(DraftingConfig):
     """Draft with an EAGLE-3 head that reads the target's hidden states."""
 
     method_name: ClassVar[str] = "eagle3"

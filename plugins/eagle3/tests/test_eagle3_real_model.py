@@ -7,13 +7,12 @@ exact, not that drafts are accepted (the tiny-model conformance suite proves tha
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from eagle3_tiny import head_config
 
 from specdec import LLM, SamplingParams
+from specdec.testing.real_model import default_model_llm
 from specdec_eagle3 import Eagle3Head, save_head
 
 pytestmark = pytest.mark.real_model
@@ -21,11 +20,8 @@ pytestmark = pytest.mark.real_model
 
 @pytest.fixture(scope="module")
 def plain() -> LLM:
-    # conftest pins one thread for the tiny models; the real model uses every core.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    yield LLM(None, None, dtype="float32")
-    torch.set_num_threads(threads)
+    with default_model_llm("float32") as llm:
+        yield llm
 
 
 def test_untrained_head_keeps_greedy_output_on_the_default_model(plain: LLM, tmp_path) -> None:

@@ -6,21 +6,14 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, Field, model_validator
 
-from specdec import SpeculativeConfig
+from specdec import DraftingConfig
 
 
-class NGramDecodingConfig(SpeculativeConfig):
+class NGramDecodingConfig(DraftingConfig):
     """Draft by looking up the context's last tokens in a pool of earlier n-grams."""
 
     method_name: ClassVar[str] = "ngram"
 
-    max_draft_len: int = Field(
-        default=4,
-        ge=1,
-        le=64,
-        validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
-        description="Most draft tokens per step.",
-    )
     max_matching_ngram_size: int = Field(
         default=4,
         ge=1,
