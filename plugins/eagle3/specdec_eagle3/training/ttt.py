@@ -67,9 +67,11 @@ def shift(x: torch.Tensor, k: int) -> torch.Tensor:
 
 @dataclass
 class TTTResult:
-    """Per unrolled step: the loss, the top-1 agreement with the target and the positions scored."""
+    """Per unrolled step: the loss, the top-1 agreement with the target, the positions scored and
+    the head's output states ``[B, T, hidden]`` (autograd keeps them anyway)."""
 
     losses: list[torch.Tensor] = field(default_factory=list)
+    hiddens: list[torch.Tensor] = field(default_factory=list)
     correct: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
 
@@ -113,6 +115,7 @@ def ttt_forward(
     for k in range(steps):
         embeds = embed(shift(input_ids, 1 + k)).to(hidden.dtype)
         hidden = head(embeds, hidden, positions + k, cache, ttt_mask(length, k, device))
+        result.hiddens.append(hidden)
         logq = torch.log_softmax(head.logits(hidden).float(), dim=-1)
         mask = shift(teach, 1 + k)
         cross_entropy = -(shift(target_logp, 1 + k).exp() * logq).sum(-1)
