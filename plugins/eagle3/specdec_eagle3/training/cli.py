@@ -59,6 +59,14 @@ def _progress(console: Console, label: str, *fields: str) -> Progress:
                     TimeRemainingColumn(), console=console)
 
 
+def _quiet_transformers() -> None:
+    """specdec shows its own progress; transformers' loading bars and advice would interleave."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def _positive(**values: float) -> None:
     for name, value in values.items():
         if value is not None and value <= 0:
@@ -86,6 +94,7 @@ def eagle3() -> None:
 def dump(data, output, model, dtype, device, layers, max_length, limit, batch_size, shard_size) -> None:
     """Run the target once over the conversations and store what training needs (offline mode)."""
     _positive(max_length=max_length, limit=limit, batch_size=batch_size, shard_size=shard_size)
+    _quiet_transformers()
     console = Console(stderr=True)
     with console.status("loading the target and the data"):
         target, tokenizer = load_model(model, dtype, device)
@@ -141,6 +150,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
     if warmup < 0 or save_every < 0:
         raise ConfigError("--warmup and --save-every must be >= 0")
+    _quiet_transformers()
     world = join(resolve_device(device))
     console = Console(stderr=True, quiet=not world.is_main)
     try:
