@@ -98,3 +98,16 @@ def test_dump_refuses_to_overwrite_and_reports_broken_dumps(target, tmp_path: Pa
         DumpDataset(tmp_path / "d")
     with pytest.raises(ConfigError, match="no index.json"):
         DumpDataset(tmp_path)
+
+
+def test_several_dumps_read_as_one_and_must_match(target, tmp_path: Path) -> None:
+    """Dumps of parts of the data (made in parallel) train together; dumps of other layers are refused."""
+    examples = tokenize_all([TWO_TURNS, {**TWO_TURNS, "conversation_id": "z"}], target.tokenizer, 512)
+    write_dump(target.model, examples[:1], (0, 1), tmp_path / "a", target_name="tiny")
+    write_dump(target.model, examples[1:], (0, 1), tmp_path / "b", target_name="tiny")
+    write_dump(target.model, examples[1:], (0, 2), tmp_path / "c", target_name="tiny")
+    both = DumpDataset([tmp_path / "a", tmp_path / "b"])
+    assert len(both) == 2 and torch.equal(both[1]["input_ids"], examples[1].input_ids)
+    assert len(list(both.sequences())) == 2
+    with pytest.raises(ConfigError, match=r"its layers \[0, 2\] differs .* dumps must share a target and layers"):
+        DumpDataset([tmp_path / "a", tmp_path / "c"])

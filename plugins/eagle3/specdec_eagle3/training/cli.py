@@ -115,7 +115,8 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 
 
 @eagle3.command("fit")
-@click.option("--offline-data", type=click.Path(), default=None, help="A dump from `specdec train eagle3 dump` (offline mode).")
+@click.option("--offline-data", multiple=True, type=click.Path(),
+              help="A dump from `specdec train eagle3 dump` (offline mode); repeatable for dumps of the same target.")
 @click.option("--data", multiple=True, type=click.Path(dir_okay=False),
               help="Conversations jsonl; the target runs beside the head (online mode). Repeatable.")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="Directory for the exported head.")
@@ -141,7 +142,7 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
                 steps, epochs, batch_size, lr, warmup, init_from_target, layout, export_dtype, save_every, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
-    if (offline_data is None) == (not data):
+    if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
     if steps is not None and epochs is not None:
         raise ConfigError("--steps and --epochs are alternatives; give one")
@@ -155,10 +156,10 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
     console = Console(stderr=True, quiet=not world.is_main)
     try:
         with console.status("loading"):
-            if offline_data is not None:
+            if offline_data:
                 if model is not None or layers is not None:
                     raise ConfigError("--model and --layers belong to online mode; a dump records its target and layers")
-                dataset: Any = DumpDataset(offline_data)
+                dataset: Any = DumpDataset(list(offline_data))
                 info = dataset.index
                 target_config, fused, verifier = info["target_config"], tuple(info["layers"]), info["target"]
                 weights = dataset.target_tensors()

@@ -144,33 +144,45 @@ def write_dump(
 
 
 class DumpDataset(torch.utils.data.Dataset):
-    """A dump read back conversation by conversation (shards are opened lazily, memory-mapped)."""
+    """One or more dumps of the same target and layers (for example, made in parallel on several
+    devices from parts of the data), read back conversation by conversation. Shards are opened
+    lazily and memory-mapped."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.directory = Path(path)
-        self.index = read_index(self.directory)
-        self._where = [(s["file"], c["key"]) for s in self.index["shards"] for c in s["conversations"]]
+    def __init__(self, paths: str | Path | list[str | Path]) -> None:
+        self.directories = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
+        indexes = [read_index(d) for d in self.directories]
+        self.index = indexes[0]
+        for directory, other in zip(self.directories[1:], indexes[1:]):
+            for field in ("layers", "hidden_size", "vocab_size", "target"):
+                if other[field] != self.index[field]:
+                    raise ConfigError(f"--offline-data {str(directory)!r}: its {field} {other[field]!r} differs from "
+                                      f"{str(self.directories[0])!r}'s {self.index[field]!r}; dumps must share a target and layers")
+        self._where = [(str(d / s["file"]), c["key"]) for d, index in zip(self.directories, indexes)
+                       for s in index["shards"] for c in s["conversations"]]
         self._open: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return len(self._where)
 
+    def _handle(self, file: str) -> Any:
+        if file not in self._open:
+            self._open[file] = safe_open(file, framework="pt")
+        return self._open[file]
+
     def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
         file, key = self._where[item]
-        handle = self._open.get(file)
-        if handle is None:
-            handle = self._open[file] = safe_open(str(self.directory / file), framework="pt")
+        handle = self._handle(file)
         return {field: handle.get_tensor(f"{key}.{field}") for field in FIELDS}
 
     def target_tensors(self) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
-        return load_file(str(self.directory / TARGET_FILE))
+        return load_file(str(self.directories[0] / TARGET_FILE))
 
     def sequences(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(input_ids, loss_mask)`` of every conversation, without reading the states."""
         for file, key in self._where:
-            handle = self._open.get(file) or self._open.setdefault(file, safe_open(str(self.directory / file), framework="pt"))
+            handle = self._handle(file)
             yield handle.get_tensor(f"{key}.input_ids"), handle.get_tensor(f"{key}.loss_mask")
 
 
