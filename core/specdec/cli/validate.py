@@ -139,7 +139,8 @@ def validate(config_file, method, max_draft_len, speculative_model, settings, mo
     if json_out:
         payload = {"method": llm.method, "config": llm.speculative_config.model_dump(mode="json"),
                    "model": str(llm.model.name_or_path), "dataset": dataset, "max_tokens": max_tokens,
-                   "categories": {c: _row(m) for c, m in results.items()}, "overall": _row(overall)}
+                   "categories": {c: {"turns": len(answered[c]), **_row(m)} for c, m in results.items()},
+                   "overall": {"turns": total, **_row(overall)}}
         try:
             Path(json_out).write_text(json.dumps(payload, indent=2) + "\n")
         except OSError as exc:

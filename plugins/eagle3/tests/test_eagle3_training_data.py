@@ -111,3 +111,12 @@ def test_several_dumps_read_as_one_and_must_match(target, tmp_path: Path) -> Non
     assert len(list(both.sequences())) == 2
     with pytest.raises(ConfigError, match=r"its layers \[0, 2\] differs .* dumps must share a target and layers"):
         DumpDataset([tmp_path / "a", tmp_path / "c"])
+
+
+def test_dump_of_a_target_with_tied_embeddings(tmp_path: Path) -> None:
+    """Targets whose output layer is their input embedding (SmolLM2) dump both copies."""
+    tied = tiny_target()
+    tied.model.lm_head.weight = tied.model.model.embed_tokens.weight
+    write_dump(tied.model, tokenize_all([TWO_TURNS], tied.tokenizer, 512), (0,), tmp_path / "d", target_name="tiny")
+    weights = DumpDataset(tmp_path / "d").target_tensors()
+    assert torch.equal(weights["lm_head.weight"], weights["embed_tokens.weight"])

@@ -93,7 +93,8 @@ def write_dump(
         raise ConfigError(f"--output: {str(directory)!r} already holds a dump; choose another directory")
     directory.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    save_file({k: v.detach().cpu().contiguous() for k, v in target_tensors(model).items()}, str(directory / TARGET_FILE))
+    # clone: tied embeddings (SmolLM2) share memory, which safetensors refuses to write twice
+    save_file({k: v.detach().cpu().clone() for k, v in target_tensors(model).items()}, str(directory / TARGET_FILE))
     shards: list[dict[str, Any]] = []
     pending: dict[str, torch.Tensor] = {}
     entries: list[dict[str, Any]] = []

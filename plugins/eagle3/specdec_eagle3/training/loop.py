@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,8 +140,6 @@ def fit(
 def export(head: Eagle3Head, output: str, layout: Literal["safeailab", "speculators"], dtype: torch.dtype,
            verifier: str | None, verifier_architectures: tuple[str, ...], speculative_tokens: int) -> None:
     """Write a copy of ``head`` cast to ``dtype`` (the head itself stays float32 for more training)."""
-    import copy
-
     shipped = copy.deepcopy(head).to(dtype)
     save_head(shipped, output, layout, verifier=verifier, verifier_architectures=verifier_architectures,
               speculative_tokens=speculative_tokens)

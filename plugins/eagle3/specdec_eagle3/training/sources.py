@@ -65,10 +65,10 @@ class OnlineTarget:
         self.model = model.eval().requires_grad_(False)
         self.layers = layers
         self.device = next(model.parameters()).device
-        self.draft_ids: torch.Tensor | None = None
+        self.draft_rows: torch.Tensor | None = None
 
     def use_draft_vocabulary(self, draft_ids: torch.Tensor) -> None:
-        self.draft_ids = draft_ids.to(self.device)
+        self.draft_rows = self.model.get_output_embeddings().weight[draft_ids.to(self.device)].float()
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(ids).float()
@@ -79,7 +79,7 @@ class OnlineTarget:
         lengths = [int(n) for n in batch["length"]]
         attention = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long().to(self.device)
         states = target_states(self.model, ids, attention, self.layers)
-        logits = F.linear(states["final_hidden"].float(), self.model.get_output_embeddings().weight[self.draft_ids].float())
+        logits = F.linear(states["final_hidden"].float(), self.draft_rows)
         return TargetSignals(ids, batch["loss_mask"].to(self.device), states["features"].float(), logits,
                              states["target_argmax"])
 

@@ -107,7 +107,7 @@ def ttt_forward(
     positions = torch.arange(length, device=device)[None].expand(batch, length)
     # Target position s teaches when token s + 1 is the assistant's and the draft vocabulary has its argmax.
     teach = shift(loss_mask.bool(), 1) & head.t2d[target_argmax]
-    target_logp = torch.log_softmax(draft_logits.float(), dim=-1)
+    target_p = torch.softmax(draft_logits.float(), dim=-1)
     target_pick = draft_logits.argmax(-1)
     cache = ConcatCache()
     hidden = head.fuse(features)
@@ -118,7 +118,7 @@ def ttt_forward(
         result.hiddens.append(hidden)
         logq = torch.log_softmax(head.logits(hidden).float(), dim=-1)
         mask = shift(teach, 1 + k)
-        cross_entropy = -(shift(target_logp, 1 + k).exp() * logq).sum(-1)
+        cross_entropy = -(shift(target_p, 1 + k) * logq).sum(-1)
         count = int(mask.sum())
         result.losses.append((cross_entropy * mask).sum() / max(count, 1))
         with torch.no_grad():
