@@ -13,6 +13,7 @@ from specdec.cli.generate import generate
 from specdec.cli.list_methods import list_methods
 from specdec.cli.synthesize import synthesize
 from specdec.cli.train import train
+from specdec.cli.validate import validate
 from specdec.errors import SpecdecError
 
 EXIT_BAD_INPUT = 2
@@ -30,6 +31,7 @@ cli.add_command(bench)
 cli.add_command(bench_kernels)
 cli.add_command(synthesize)
 cli.add_command(train)
+cli.add_command(validate)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import click
+
 from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, TargetContext, VerifyResult, hookimpl
 from specdec_eagle3.config import Eagle3DecodingConfig
 from specdec_eagle3.drafter import Eagle3Resources
@@ -40,3 +42,10 @@ def specdec_accept(
     if isinstance(config, Eagle3DecodingConfig):
         for request, result in zip(requests, results):
             resource_manager.commit(request, result)
+
+
+@hookimpl
+def specdec_train_commands() -> list[click.Command]:
+    from specdec_eagle3.training.cli import eagle3
+
+    return [eagle3]

@@ -1,0 +1,227 @@
+"""``specdec train eagle3``: ``dump`` target states, ``fit`` a head (offline or online), ``export`` it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specdec.errors import ConfigError
+from specdec.models import load_model, resolve_device
+from specdec.training.synthesize import read_conversations
+from specdec_eagle3.checkpoint import LAYOUTS, load_head
+from specdec_eagle3.compat import default_layers
+from specdec_eagle3.training.conversations import tokenize_all
+from specdec_eagle3.training.distributed import join, leave
+from specdec_eagle3.training.dump import DumpDataset, write_dump
+from specdec_eagle3.training.loop import FitOptions, StepReport, export, fit, new_head
+from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget
+from specdec_eagle3.training.vocab import calibrate, coverage, token_counts
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _layers(option: str | None, num_layers: int) -> tuple[int, ...]:
+    """``--layers`` (comma list) or EAGLE-3's default {2, L//2, L-3}, checked against the target."""
+    if option is None:
+        layers = default_layers(num_layers)
+    else:
+        try:
+            layers = tuple(int(x) for x in option.split(",") if x.strip())
+        except ValueError:
+            raise ConfigError(f"--layers: expected comma-separated layer numbers, got {option!r}") from None
+    layers = tuple(sorted(layers))
+    if not layers or len(set(layers)) != len(layers) or not all(0 <= i < num_layers for i in layers):
+        hint = " (the default {2, L//2, L-3} needs at least 7 layers)" if option is None else ""
+        raise ConfigError(f"--layers: need distinct layers in 0..{num_layers - 1} for this {num_layers}-layer target{hint}, "
+                          f"got {list(layers)}")
+    return layers
+
+
+def _examples(data: tuple[str, ...], tokenizer: Any, max_length: int, limit: int | None) -> list[Any]:
+    records = [r for path in data for r in read_conversations(path)][: limit or None]
+    examples = tokenize_all(records, tokenizer, max_length)
+    if not examples:
+        raise ConfigError("--data: no conversation has an assistant reply to train on")
+    return examples
+
+
+def _progress(console: Console, label: str, *fields: str) -> Progress:
+    extra = [TextColumn(f) for f in fields]
+    return Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), *extra, TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console)
+
+
+def _quiet_transformers() -> None:
+    """specdec shows its own progress; transformers' loading bars and advice would interleave."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {value}")
+
+
+@click.group("eagle3")
+def eagle3() -> None:
+    """Train EAGLE-3 heads: dump target states, fit a head, export it."""
+
+
+@eagle3.command("dump")
+@click.option("--data", multiple=True, required=True, type=click.Path(dir_okay=False),
+              help="Conversations jsonl (from `specdec synthesize`); repeatable.")
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="New directory for the dump.")
+@click.option("--model", default=None, help="Target: HF id or local dir (default: embedded SmolLM2-135M-Instruct).")
+@click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True,
+              help="Target dtype; the states are stored in it.")
+@click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")
+@click.option("--layers", default=None, help="Target layers to fuse, comma list (default: 2, L//2, L-3).")
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Truncate conversations to this many tokens.")
+@click.option("--limit", type=int, default=None, help="Dump only the first this many conversations.")
+@click.option("--batch-size", type=int, default=4, show_default=True)
+@click.option("--shard-size", type=int, default=256, show_default=True, help="Conversations per safetensors shard.")
+def dump(data, output, model, dtype, device, layers, max_length, limit, batch_size, shard_size) -> None:
+    """Run the target once over the conversations and store what training needs (offline mode)."""
+    _positive(max_length=max_length, limit=limit, batch_size=batch_size, shard_size=shard_size)
+    _quiet_transformers()
+    console = Console(stderr=True)
+    with console.status("loading the target and the data"):
+        target, tokenizer = load_model(model, dtype, device)
+        fused = _layers(layers, int(target.config.num_hidden_layers))
+        examples = _examples(data, tokenizer, max_length, limit)
+    with _progress(console, "dumping", "{task.fields[tokens]} tokens") as progress:
+        task = progress.add_task("dump", total=len(examples), tokens=0)
+        seen = {"tokens": 0}
+
+        def on_batch(conversations: int, tokens: int) -> None:
+            seen["tokens"] += tokens
+            progress.update(task, advance=conversations, tokens=seen["tokens"])
+
+        index = write_dump(target, examples, fused, output, target_name=model or "HuggingFaceTB/SmolLM2-135M-Instruct",
+                           batch_size=batch_size, shard_size=shard_size, on_batch=on_batch)
+    console.print(f"dumped {index['conversations']} conversations ({index['tokens']} tokens, layers {list(fused)}, "
+                  f"{index['dtype']}) to {output}")
+
+
+@eagle3.command("fit")
+@click.option("--offline-data", multiple=True, type=click.Path(),
+              help="A dump from `specdec train eagle3 dump` (offline mode); repeatable for dumps of the same target.")
+@click.option("--data", multiple=True, type=click.Path(dir_okay=False),
+              help="Conversations jsonl; the target runs beside the head (online mode). Repeatable.")
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="Directory for the exported head.")
+@click.option("--model", default=None, help="Online mode's target: HF id or local dir (default: embedded SmolLM2).")
+@click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True, help="Online target dtype.")
+@click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")
+@click.option("--layers", default=None, help="Online mode: target layers to fuse (default: 2, L//2, L-3).")
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Online mode: truncate conversations.")
+@click.option("--draft-vocab-size", type=int, default=None, help="Draft vocabulary size (default: min(32000, target vocabulary)).")
+@click.option("--ttt-steps", type=click.IntRange(1, 16), default=7, show_default=True, help="Unrolled training-time-test steps.")
+@click.option("--loss-decay", type=float, default=0.8, show_default=True, help="Weight of step k's loss: decay ** k.")
+@click.option("--steps", type=int, default=None, help="Optimizer steps (default: one epoch).")
+@click.option("--epochs", type=int, default=None, help="Passes over the data (instead of --steps).")
+@click.option("--batch-size", type=int, default=4, show_default=True, help="Conversations per step and process.")
+@click.option("--lr", type=float, default=1e-4, show_default=True)
+@click.option("--warmup", type=int, default=0, show_default=True, help="Linear warm-up steps.")
+@click.option("--init-from-target/--no-init-from-target", default=True, show_default=True,
+              help="Start the head's final norm and output layer from the target's.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="safeailab", show_default=True, help="Exported checkpoint layout.")
+@click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
+@click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
+                steps, epochs, batch_size, lr, warmup, init_from_target, layout, export_dtype, save_every, seed) -> None:
+    """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
+    if bool(offline_data) == bool(data):
+        raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
+    if steps is not None and epochs is not None:
+        raise ConfigError("--steps and --epochs are alternatives; give one")
+    _positive(steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length, draft_vocab_size=draft_vocab_size)
+    if not 0 < loss_decay <= 1:
+        raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
+    if warmup < 0 or save_every < 0:
+        raise ConfigError("--warmup and --save-every must be >= 0")
+    _quiet_transformers()
+    world = join(resolve_device(device))
+    console = Console(stderr=True, quiet=not world.is_main)
+    try:
+        with console.status("loading"):
+            if offline_data:
+                if model is not None or layers is not None:
+                    raise ConfigError("--model and --layers belong to online mode; a dump records its target and layers")
+                dataset: Any = DumpDataset(list(offline_data))
+                info = dataset.index
+                target_config, fused, verifier = info["target_config"], tuple(info["layers"]), info["target"]
+                weights = dataset.target_tensors()
+                source: Any = OfflineTarget(weights, world.device)
+            else:
+                target, tokenizer = load_model(model, dtype, world.device)
+                target_config = json.loads(target.config.to_json_string())
+                fused = _layers(layers, int(target.config.num_hidden_layers))
+                dataset = ExampleDataset(_examples(data, tokenizer, max_length, None))
+                verifier = model or "HuggingFaceTB/SmolLM2-135M-Instruct"
+                weights = {"norm.weight": target.model.norm.weight, "lm_head.weight": target.get_output_embeddings().weight}
+                source = OnlineTarget(target, fused)
+            vocab = int(target_config["vocab_size"])
+            assistant, every = token_counts(dataset.sequences(), vocab)
+            d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))
+            head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed).to(world.device)
+        per_epoch = max(1, len(dataset) // (batch_size * world.size))
+        options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
+                             ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every)
+        console.print(f"{'offline' if offline_data else 'online'} training: {len(dataset)} conversations, layers {list(fused)}, "
+                      f"draft vocabulary {int(d2t.numel())} tokens covering {coverage(assistant, t2d):.1%} of reply tokens, "
+                      f"{options.ttt_steps} TTT steps (decay {loss_decay}), {options.steps} steps x {batch_size} x {world.size} "
+                      f"process(es)")
+        architectures = tuple(target_config.get("architectures") or ())
+
+        def save(step: int) -> None:
+            export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8))
+            record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "step": step, "options": vars(options),
+                      "layers": list(fused), "draft_vocab_size": int(d2t.numel()),
+                      "train_accuracy_per_step": last.accuracies, "train_loss": last.loss}
+            (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+
+        last = StepReport(0, float("nan"), [])
+        with _progress(console, "training", "loss {task.fields[loss]:.3f}", "acc {task.fields[acc]}") as progress:
+            task = progress.add_task("fit", total=options.steps, loss=float("nan"), acc="-")
+            smooth: dict[str, Any] = {}
+
+            def on_step(report: StepReport) -> None:
+                nonlocal last
+                last = report
+                previous = smooth.get("acc")
+                smooth["acc"] = report.accuracies if previous is None else [0.9 * a + 0.1 * b for a, b in zip(previous, report.accuracies)]
+                smooth["loss"] = report.loss if "loss" not in smooth else 0.9 * smooth["loss"] + 0.1 * report.loss
+                progress.update(task, advance=1, loss=smooth["loss"], acc=" ".join(f"{a:.2f}" for a in smooth["acc"][:4]))
+
+            fit(head, source, dataset, options, world, on_step, save)
+        console.print(f"training accuracy per TTT step (last step): {', '.join(f'{a:.2f}' for a in last.accuracies)}; "
+                      f"wrote {layout} head to {output}")
+    finally:
+        leave(world)
+
+
+@eagle3.command("export")
+@click.option("--head", "head_dir", required=True, type=click.Path(), help="An EAGLE-3 head in either layout.")
+@click.option("--output", required=True, type=click.Path(file_okay=False))
+@click.option("--layout", type=click.Choice(LAYOUTS), required=True)
+@click.option("--dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
+@click.option("--verifier", default=None, help="The target's HF id or path (speculators' verifier field).")
+@click.option("--speculative-tokens", type=click.IntRange(1, 64), default=3, show_default=True,
+              help="Draft length recorded in the speculators config.")
+def export_command(head_dir, output, layout, dtype, verifier, speculative_tokens) -> None:
+    """Rewrite a head in another published layout (SafeAILab or vLLM speculators)."""
+    head = load_head(head_dir)
+    export(head, output, layout, DTYPES[dtype], verifier, (), speculative_tokens)
+    Console(stderr=True).print(f"wrote {layout} head to {output}")

@@ -1,0 +1,145 @@
+"""Build a head for a target and train it with the training-time test; export in a published layout."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from transformers import LlamaConfig
+
+from specdec_eagle3.checkpoint import save_head
+from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
+from specdec_eagle3.training.distributed import World, average_gradients, broadcast_parameters, sum_across
+from specdec_eagle3.training.sources import collate
+from specdec_eagle3.training.ttt import ttt_forward
+
+#: Target config fields the head's decoder layer copies (attention shape, MLP, norms, RoPE, vocabulary).
+_LAYER_FIELDS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+    "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_parameters", "rope_scaling", "vocab_size",
+    "bos_token_id", "eos_token_id", "pad_token_id",
+)
+
+
+def new_head(target_config: dict[str, Any], layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor,
+             target_weights: dict[str, torch.Tensor] | None = None, seed: int = 0) -> Eagle3Head:
+    """A fresh head shaped like one decoder layer of the target, over the calibrated draft vocabulary.
+
+    With ``target_weights`` (``norm.weight``, ``lm_head.weight``) the head's final norm and output
+    layer start as the target's own, restricted to the draft vocabulary: the head then begins by
+    reading its state the way the target reads its final state, which speeds up early training.
+    """
+    fields = {k: target_config[k] for k in _LAYER_FIELDS if target_config.get(k) is not None}
+    llama = LlamaConfig(**fields, num_hidden_layers=1, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    config = Eagle3HeadConfig(
+        llama=llama,
+        draft_vocab_size=int(d2t.numel()),
+        target_hidden_size=int(target_config["hidden_size"]),
+        num_fused_layers=len(layers),
+        layers_to_capture=tuple(layers),
+    )
+    torch.manual_seed(seed)
+    head = Eagle3Head(config)
+    with torch.no_grad():
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        if target_weights is not None:
+            head.norm.weight.copy_(target_weights["norm.weight"].float())
+            head.lm_head.weight.copy_(target_weights["lm_head.weight"].float()[head.draft_to_target()])
+    return head
+
+
+@dataclass
+class FitOptions:
+    steps: int = 1000
+    batch_size: int = 4
+    lr: float = 1e-4
+    warmup: int = 0
+    ttt_steps: int = 7
+    loss_decay: float = 0.8
+    max_grad_norm: float = 0.5
+    seed: int = 0
+    save_every: int = 0
+
+
+@dataclass
+class StepReport:
+    step: int
+    loss: float
+    accuracies: list[float]
+
+
+def _schedule(options: FitOptions) -> Callable[[int], float]:
+    """Linear warm-up, then cosine decay to a tenth of the peak rate."""
+    def factor(step: int) -> float:
+        if step < options.warmup:
+            return (step + 1) / options.warmup
+        progress = (step - options.warmup) / max(1, options.steps - options.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return factor
+
+
+def fit(
+    head: Eagle3Head,
+    source: Any,
+    dataset: torch.utils.data.Dataset,
+    options: FitOptions,
+    world: World,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_save: Callable[[int], None] | None = None,
+) -> StepReport:
+    """Train ``head`` in place for ``options.steps`` optimizer steps; returns the last step's report.
+
+    ``source`` turns a batch into target signals (``OfflineTarget`` or ``OnlineTarget``). Each rank
+    reads its own share of ``dataset``; gradients are averaged over ranks before each step.
+    ``on_save(step)`` is called on rank 0 every ``options.save_every`` steps and at the end.
+    """
+    head.train()
+    broadcast_parameters(head, world)
+    source.use_draft_vocabulary(head.draft_to_target())
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(options))
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
+                                                  seed=options.seed, drop_last=world.distributed)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=options.batch_size, sampler=sampler, collate_fn=collate)
+    epoch, batches, report = 0, iter(()), StepReport(0, float("nan"), [])
+    for step in range(1, options.steps + 1):
+        batch = next(batches, None)
+        if batch is None:
+            sampler.set_epoch(epoch)
+            epoch += 1
+            batches = iter(loader)
+            batch = next(batches)
+        signals = source.signals(batch)
+        result = ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
+                             signals.draft_logits, signals.target_argmax, options.ttt_steps)
+        loss = result.total(options.loss_decay)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        average_gradients(params, world)
+        torch.nn.utils.clip_grad_norm_(params, options.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        totals = sum_across([float(loss.detach()), *result.correct, *result.counts], world)
+        k = options.ttt_steps
+        correct, counts = totals[1 : 1 + k], totals[1 + k :]
+        report = StepReport(step, totals[0] / world.size, [c / n if n else 0.0 for c, n in zip(correct, counts)])
+        if on_step is not None and world.is_main:
+            on_step(report)
+        if on_save is not None and world.is_main and (step == options.steps or (options.save_every and step % options.save_every == 0)):
+            on_save(step)
+    head.eval()
+    return report
+
+
+def export(head: Eagle3Head, output: str, layout: Literal["safeailab", "speculators"], dtype: torch.dtype,
+           verifier: str | None, verifier_architectures: tuple[str, ...], speculative_tokens: int) -> None:
+    """Write a copy of ``head`` cast to ``dtype`` (the head itself stays float32 for more training)."""
+    shipped = copy.deepcopy(head).to(dtype)
+    save_head(shipped, output, layout, verifier=verifier, verifier_architectures=verifier_architectures,
+              speculative_tokens=speculative_tokens)

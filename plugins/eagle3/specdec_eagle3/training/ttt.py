@@ -1,0 +1,127 @@
+"""EAGLE-3's training-time test: the head unrolled on its own outputs, as it drafts at inference.
+
+Notation for one sequence: tokens ``x_0 .. x_{T-1}``, fused target features ``f_t`` and the
+target's next-token logits ``z_t`` at position ``t`` (they describe token ``t + 1``).
+
+- Step 0, position ``t``: the head reads ``(fc(f_t), embed(x_{t+1}))`` at rotary position ``t``
+  and predicts token ``t + 2`` (target: ``z_{t+1}``), attending causally to step-0 positions
+  ``<= t``. This is the plain EAGLE pair.
+- Step ``k >= 1``, position ``t``: the head reads its own step ``k - 1`` output at ``t`` in place of
+  target features, with the true token ``x_{t+1+k}``, at rotary position ``t + k``, and predicts
+  token ``t + 2 + k`` (target ``z_{t+1+k}``). It attends to step-0 positions ``<= t`` and to its own
+  earlier steps *at the same position* ``t`` only: exactly what a chained draft from anchor ``t``
+  sees at inference (the true prefix in the head's cache, then its own drafts).
+
+So step ``k``'s keys form a block diagonal beside the causal step-0 block (:func:`ttt_mask`), as
+in the EAGLE-3 authors' ``cnets.py`` and ModelOpt's ``eagle_ttt_steps``.
+
+The loss of each step is the cross-entropy from the target's next-token distribution restricted
+to the draft vocabulary (renormalized) to the head's, on positions whose predicted token is an
+assistant token and whose target argmax lies in the draft vocabulary; step ``k`` is weighted
+``decay ** k`` (0.8 in the authors' code, 0.9 in ModelOpt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_eagle3.head import Eagle3Head
+
+
+class ConcatCache:
+    """The head's keys/values across unrolled steps, concatenated out of place so autograd keeps
+    every step's keys (the inference ``HeadCache`` writes in place)."""
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys = keys if self.keys is None else torch.cat((self.keys, keys), dim=-2)
+        self.values = values if self.values is None else torch.cat((self.values, values), dim=-2)
+        self.length += keys.shape[-2]
+        return self.keys, self.values
+
+
+def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean ``[T, (step + 1) * T]`` (True = attend) for unrolled step ``step``: causal over step 0,
+    then one diagonal block per later step."""
+    blocks = [torch.ones(length, length, dtype=torch.bool, device=device).tril()]
+    blocks += [torch.eye(length, dtype=torch.bool, device=device)] * step
+    return torch.cat(blocks, dim=1)
+
+
+def shift(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` moved ``k`` positions left along dim 1 (``out[:, t] = x[:, t + k]``), zero-filled at the end."""
+    if k == 0:
+        return x
+    out = torch.zeros_like(x)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+@dataclass
+class TTTResult:
+    """Per unrolled step: the loss, the top-1 agreement with the target, the positions scored and
+    the head's output states ``[B, T, hidden]`` (autograd keeps them anyway)."""
+
+    losses: list[torch.Tensor] = field(default_factory=list)
+    hiddens: list[torch.Tensor] = field(default_factory=list)
+    correct: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+
+    def total(self, decay: float) -> torch.Tensor:
+        return sum(decay**k * loss for k, loss in enumerate(self.losses))
+
+    @property
+    def accuracies(self) -> list[float]:
+        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
+
+
+def ttt_forward(
+    head: Eagle3Head,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    features: torch.Tensor,
+    draft_logits: torch.Tensor,
+    target_argmax: torch.Tensor,
+    steps: int,
+) -> TTTResult:
+    """Unroll ``head`` for ``steps`` steps over a right-padded batch.
+
+    :param embed: the target's input embedding (frozen).
+    :param input_ids: ``[B, T]`` tokens; ``loss_mask`` ``[B, T]`` marks assistant tokens.
+    :param features: ``[B, T, layers x target_hidden]`` fused target states.
+    :param draft_logits: ``[B, T, draft_vocab]`` the target's logits at each position, restricted
+        to the draft vocabulary (columns in draft-id order).
+    :param target_argmax: ``[B, T]`` the target's greedy next token over its full vocabulary.
+    """
+    batch, length = input_ids.shape
+    device = input_ids.device
+    positions = torch.arange(length, device=device)[None].expand(batch, length)
+    # Target position s teaches when token s + 1 is the assistant's and the draft vocabulary has its argmax.
+    teach = shift(loss_mask.bool(), 1) & head.t2d[target_argmax]
+    target_p = torch.softmax(draft_logits.float(), dim=-1)
+    target_pick = draft_logits.argmax(-1)
+    cache = ConcatCache()
+    hidden = head.fuse(features)
+    result = TTTResult()
+    for k in range(steps):
+        embeds = embed(shift(input_ids, 1 + k)).to(hidden.dtype)
+        hidden = head(embeds, hidden, positions + k, cache, ttt_mask(length, k, device))
+        result.hiddens.append(hidden)
+        logq = torch.log_softmax(head.logits(hidden).float(), dim=-1)
+        mask = shift(teach, 1 + k)
+        cross_entropy = -(shift(target_p, 1 + k) * logq).sum(-1)
+        count = int(mask.sum())
+        result.losses.append((cross_entropy * mask).sum() / max(count, 1))
+        with torch.no_grad():
+            result.correct.append(int(((logq.argmax(-1) == shift(target_pick, 1 + k)) & mask).sum()))
+        result.counts.append(count)
+    return result

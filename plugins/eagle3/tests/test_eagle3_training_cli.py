@@ -1,0 +1,106 @@
+"""`specdec train eagle3 {dump,fit,export}` and `specdec validate` as real subprocesses on a tiny target."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from eagle3_training_data import save_target, synthesized, tiny_target
+
+from specdec.cli.main import main
+from specdec_eagle3 import load_head
+
+
+def specdec(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specdec.cli.main", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"})
+
+
+def one_line_error(args: list[str], text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """In process (fast): exit code 2 and one line on stderr naming the problem."""
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert text in err, err
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("cli")
+    target = tiny_target()
+    return {"dir": directory, "target": save_target(target, directory / "target"),
+            "data": synthesized(target, directory, count=16, max_new_tokens=24)}
+
+
+def test_dump_fit_export_validate(files: dict[str, Path]) -> None:
+    """The whole workflow from the command line: the head it writes loads in both layouts and drafts."""
+    d, target = files["dir"], str(files["target"])
+    result = specdec("train", "eagle3", "dump", "--model", target, "--dtype", "float32", "--data", str(files["data"]),
+                     "--output", str(d / "dump"), "--layers", "0,1,2", "--shard-size", "5")
+    assert result.returncode == 0, result.stderr
+    assert "dumped 16 conversations" in result.stderr and (d / "dump" / "shard-00003.safetensors").exists()
+    result = specdec("train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "head"),
+                     "--draft-vocab-size", "20", "--ttt-steps", "3", "--steps", "4", "--batch-size", "4", "--lr", "1e-3")
+    assert result.returncode == 0, result.stderr
+    assert "offline training: 16 conversations, layers [0, 1, 2], draft vocabulary 20 tokens" in result.stderr
+    record = json.loads((d / "head" / "training.json").read_text())
+    assert record["step"] == 4 and len(record["train_accuracy_per_step"]) == 3 and record["options"]["loss_decay"] == 0.8
+    head = load_head(d / "head")
+    assert head.config.draft_vocab_size == 20 and head.config.layers_to_capture == (0, 1, 2)
+    assert json.loads((d / "head" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    result = specdec("train", "eagle3", "export", "--head", str(d / "head"), "--output", str(d / "spec"),
+                     "--layout", "speculators", "--verifier", target)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((d / "spec" / "config.json").read_text())["speculators_model_type"] == "eagle3"
+    result = specdec("validate", "--model", target, "--dtype", "float32", "--method", "eagle3", "--speculative-model",
+                     str(d / "spec"), "--max-draft-len", "3", "--dataset", str(files["data"]), "--num-prompts", "4",
+                     "--max-tokens", "16", "--json", str(d / "validate.json"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((d / "validate.json").read_text())
+    overall = report["overall"]
+    assert report["method"] == "eagle3" and set(report["categories"]) == {"conversations"}
+    assert overall["num_drafts"] > 0 and overall["mean_acceptance_length"] == 1 + overall["num_accepted_tokens"] / overall["num_drafts"]
+    assert "mean accept len" in result.stdout and "overall" in result.stdout
+
+
+def test_online_fit(files: dict[str, Path]) -> None:
+    d = files["dir"]
+    result = specdec("train", "eagle3", "fit", "--data", str(files["data"]), "--model", str(files["target"]), "--dtype", "float32",
+                     "--layers", "0,2", "--output", str(d / "online"), "--layout", "speculators", "--draft-vocab-size", "36",
+                     "--ttt-steps", "2", "--steps", "2", "--export-dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    assert "online training: 16 conversations, layers [0, 2]" in result.stderr
+    assert load_head(d / "online").config.layers_to_capture == (0, 2)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["train", "eagle3", "fit", "--output", "x"], "give exactly one of --offline-data (a dump) or --data"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x"], "no index.json (not a dump"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--steps", "0"], "--steps: must be positive"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--loss-decay", "1.5"], "--loss-decay: must be in (0, 1]"),
+    (["validate", "--dataset", "spec_bench"], "validate needs --config or --method"),
+    (["validate", "--method", "ngram", "--dataset", "nope.jsonl"], "--dataset: cannot read 'nope.jsonl'"),
+])
+def test_bad_input_is_one_line(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(args, message, capsys)
+
+
+def test_bad_layers_and_data_are_one_line(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = str(files["target"])
+    one_line_error(["train", "eagle3", "dump", "--model", target, "--data", str(files["data"]), "--output", str(tmp_path / "b"),
+                    "--layers", "0,7"], "--layers: need distinct layers in 0..2 for this 3-layer target, got [0, 7]", capsys)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversation_id": 1, "conversations": [{"role": "user", "content": "hi"}]}\n')
+    one_line_error(["train", "eagle3", "fit", "--data", str(bad), "--model", target, "--layers", "0,1", "--output",
+                    str(tmp_path / "c")], "--data: no conversation has an assistant reply to train on", capsys)
+
+
+def test_bad_input_from_a_real_process(tmp_path: Path) -> None:
+    result = specdec("train", "eagle3", "fit", "--offline-data", str(tmp_path), "--output", str(tmp_path / "x"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"error: --offline-data {str(tmp_path)!r}: no index.json (not a dump, or the dump was interrupted)"]

@@ -1,0 +1,87 @@
+"""The training-time test unrolls the head exactly as chained drafting runs it, and scores the right tokens."""
+
+from __future__ import annotations
+
+import torch
+from eagle3_training_data import tiny_target
+
+from specdec_eagle3.head import HeadCache
+from specdec_eagle3.training.loop import new_head
+from specdec_eagle3.training.ttt import shift, ttt_forward, ttt_mask
+
+
+def _head(target, layers=(0, 1, 2), draft_vocab: int = 20):
+    vocab = target.model.config.vocab_size
+    chosen = torch.arange(vocab - draft_vocab, vocab)  # a draft vocabulary that is not the identity
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[chosen] = True
+    config = target.model.config.to_dict()
+    head = new_head(config, layers, chosen - torch.arange(draft_vocab), t2d, seed=3)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return head
+
+
+def test_ttt_mask_is_causal_then_diagonal() -> None:
+    mask = ttt_mask(3, 2)
+    assert mask.shape == (3, 9)
+    assert mask[:, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert torch.equal(mask[:, 3:6], torch.eye(3, dtype=torch.bool)) and torch.equal(mask[:, 6:], torch.eye(3, dtype=torch.bool))
+
+
+def test_shift_moves_left_and_fills_with_zero() -> None:
+    x = torch.tensor([[1, 2, 3, 4]])
+    assert shift(x, 1).tolist() == [[2, 3, 4, 0]] and shift(x, 5).tolist() == [[0, 0, 0, 0]]
+
+
+@torch.no_grad()
+def test_unrolled_steps_equal_chained_drafting() -> None:
+    """Step k at position t equals what the inference head computes when it drafts k tokens from
+    anchor t (true pairs 0..t in its cache, then its own outputs), given the true tokens."""
+    target = tiny_target()
+    head = _head(target).eval()
+    ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11]])
+    out = target.model(ids, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)
+    embed = target.model.get_input_embeddings()
+    steps = 3
+    result = ttt_forward(head, embed, ids, torch.ones_like(ids, dtype=torch.bool), features,
+                         out.logits[..., head.draft_to_target()], out.logits.argmax(-1), steps)
+    assert [h.shape for h in result.hiddens] == [(1, 8, head.config.hidden_size)] * steps
+    length = ids.shape[1]
+    for anchor in range(length - steps - 1):
+        cache = HeadCache()
+        pairs = torch.arange(anchor + 1)[None]
+        hidden = head(embed(ids[:, 1 : anchor + 2]), head.fuse(features[:, : anchor + 1]), pairs, cache)[:, -1:]
+        torch.testing.assert_close(hidden[0, 0], result.hiddens[0][0, anchor], atol=1e-5, rtol=1e-5)
+        for k in range(1, steps):
+            position = torch.tensor([[anchor + k]])
+            hidden = head(embed(ids[:, anchor + 1 + k : anchor + 2 + k]), hidden, position, cache)
+            torch.testing.assert_close(hidden[0, 0], result.hiddens[k][0, anchor], atol=1e-5, rtol=1e-5)
+
+
+def test_loss_counts_reply_tokens_the_draft_vocabulary_can_hit() -> None:
+    """Step k scores position t when token t + 2 + k is a reply token and the target's argmax for it
+    is in the draft vocabulary; later steps score fewer positions; the decayed sum backpropagates."""
+    target = tiny_target()
+    head = _head(target, draft_vocab=36)  # full vocabulary: every argmax counts
+    ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11, 4, 6]])
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[0, 2:] = True
+    with torch.no_grad():
+        out = target.model(ids, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)
+    result = ttt_forward(head, target.model.get_input_embeddings(), ids, mask, features, out.logits,
+                         out.logits.argmax(-1), 3)
+    # Positions t with t + 2 + k in 2..9: step 0 -> t in 0..7 (8), step 1 -> 0..6, step 2 -> 0..5.
+    assert result.counts == [8, 7, 6]
+    total = result.total(0.8)
+    torch.testing.assert_close(total, result.losses[0] + 0.8 * result.losses[1] + 0.64 * result.losses[2])
+    total.backward()
+    assert head.fc.weight.grad is not None and head.fc.weight.grad.abs().sum() > 0
+    narrow = _head(target, draft_vocab=4)  # ids 32..35 only: few argmaxes land there
+    few = ttt_forward(narrow, target.model.get_input_embeddings(), ids, mask, features,
+                      out.logits[..., narrow.draft_to_target()], out.logits.argmax(-1), 3)
+    in_vocab = narrow.t2d[out.logits.argmax(-1)][0]
+    assert 0 < few.counts[0] == int((in_vocab[1:9] & mask[0, 2:10]).sum()) < 8
