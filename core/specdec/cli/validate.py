@@ -113,6 +113,8 @@ def validate(config_file, method, max_draft_len, speculative_model, settings, mo
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config is None:
         raise ConfigError("validate needs --config or --method")
+    # Acceptance of the drafter itself: every proposal verified at full length, unless asked.
+    config.setdefault("adaptive_draft_len", False)
     prompts = load_prompt_set(dataset, categories.split(",") if categories else None, num_prompts, max_turns)
     quiet_transformers()
     console = Console()
