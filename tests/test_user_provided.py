@@ -74,7 +74,8 @@ def test_drafter_returning_lists_of_ints(tiny):
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
     params = SamplingParams(max_tokens=24)
     expected = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
-    with LLM(tiny.model, UserProvidedDecodingConfig(drafter=ListDrafter(), max_draft_len=2), tokenizer=tiny.tokenizer) as llm:
+    config = UserProvidedDecodingConfig(drafter=ListDrafter(), max_draft_len=2, adaptive_draft_len=False)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
         got = llm.generate(prompt, params)[0]
         assert got.token_ids == expected.token_ids
         assert got.metrics.num_accepted_tokens > 0
