@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,10 +15,10 @@ import torch
 from specdec.config import SpeculativeConfig
 from specdec.draft_policy import DRAFT_TIME_WEIGHT, AcceptanceEstimate, ForwardCost
 from specdec.errors import ConfigError, PluginError, SpecdecError
+from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import TargetContext
-from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, logits_to_probs, sample
 from specdec.stopping import StopChecker, eos_token_ids
@@ -109,7 +108,7 @@ class Engine:
         return self.generate([request])[0]
 
     @torch.inference_mode()
-    def generate(self, requests: list[Request], on_finish: Callable[[Request], None] | None = None) -> list[Request]:
+    def generate(self, requests: list[Request]) -> list[Request]:
         """Run ``requests`` to completion, at most ``max_batch_size`` at a time, in arrival order.
 
         Every prompt is checked before any work starts, so one bad prompt loses nothing.
@@ -127,7 +126,7 @@ class Engine:
                     request = waiting.popleft()
                     row = self._prefill(request)
                     if request.finished:
-                        self._finish(request, on_finish)
+                        self._finish(request)
                     else:
                         cache.append_rows(row)
                         running.append(request)
@@ -138,7 +137,7 @@ class Engine:
                 if len(keep) < len(running):
                     for request in running:
                         if request.finished:
-                            self._finish(request, on_finish)
+                            self._finish(request)
                     running = [running[i] for i in keep]
                     cache.select_rows(keep)
         finally:
@@ -168,17 +167,17 @@ class Engine:
         self.resource_manager.add_request(request)
         return cache
 
-    def _finish(self, request: Request, on_finish: Callable[[Request], None] | None) -> None:
+    def _finish(self, request: Request) -> None:
         request.target_output = None
         self.resource_manager.free_request(request)
-        if on_finish:
-            on_finish(request)
 
     def _step(self, batch: list[Request], cache: BatchKVCache) -> None:
         """One draft -> verify -> accept round for every request of the batch."""
         runner, config = self.runner, self.config
-        step_start = time.perf_counter()
         limit = config.draft_len_for_batch(len(batch))
+        # Measured once per batch size (at warmup, or here the first time), before the clock starts.
+        cost = self._cost(len(batch)) if self._adaptive and limit > 0 else None
+        step_start = time.perf_counter()
         for request in batch:
             budget = min(
                 limit,
@@ -186,7 +185,6 @@ class Engine:
                 runner.max_length - len(request.token_ids) - 1,
             )
             request.max_draft_len = max(budget, 0)
-        cost = self._cost(len(batch)) if self._adaptive and limit > 0 else None
         if cost is not None:
             # Before drafting: a batch whose recent acceptance does not pay for the drafting and
             # the wider forward skips the drafter.
@@ -199,10 +197,11 @@ class Engine:
             for request in batch:
                 request.max_draft_len = min(request.max_draft_len, keep)
         if any(r.max_draft_len for r in batch):
+            draft_start = time.perf_counter()
             proposals = self._draft(batch)
             longest = max(len(p) for p in proposals)
             if longest:
-                per_token = (time.perf_counter() - step_start) / longest
+                per_token = (time.perf_counter() - draft_start) / longest
                 previous = self.draft_seconds.get(len(batch), per_token)
                 self.draft_seconds[len(batch)] = previous + DRAFT_TIME_WEIGHT * (per_token - previous)
         else:
