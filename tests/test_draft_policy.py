@@ -5,7 +5,7 @@ import time
 import pytest
 
 from specdec import LLM, SamplingParams, UserProvidedDecodingConfig
-from specdec.draft_policy import PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, ForwardCost
+from specdec.draft_policy import PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, ContextCost, ForwardCost
 
 
 def estimate(*steps: tuple[int, int], window: int = 16) -> AcceptanceEstimate:
@@ -88,6 +88,36 @@ def test_batch_length_weighs_every_request():
     assert ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4]).best_length([good, good], [4, 0]) == 4
 
 
+def everywhere(cost: ForwardCost) -> ContextCost:
+    """The same relative costs at every context (a one-second unit, so drafting time is ~free)."""
+    cost = ForwardCost(cost.relative, base_seconds=1.0)
+    return ContextCost((128, 1024), (cost, cost))
+
+
+def test_break_even_drafting_is_not_chosen():
+    """The tolerance keeps a longer draft over a slightly better shorter one, but drafting must
+    beat plain decoding outright: a draft expected to lose 3% is not taken."""
+    est = estimate(*[(4, 1), (4, 0), (4, 0), (4, 0)] * 4)
+    gain = est.expected_tokens(4)[4]
+    cost = ForwardCost([1.0, 2.0, 2.0, 2.0, gain * 1.03])
+    assert gain / cost.relative[4] >= 0.95  # within the tolerance of plain decoding's rate
+    assert cost.best_length([est], [4]) == 0
+
+
+def test_costs_follow_the_context():
+    """Measured at 128 and 1024 cached tokens, costs in between are interpolated in seconds (so
+    the relative cost of a wide forward grows with the context) and extrapolated beyond."""
+    short = ForwardCost([1.0, 1.1, 1.2], base_seconds=0.010)
+    long = ForwardCost([1.0, 2.0, 3.0], base_seconds=0.020)
+    costs = ContextCost((128, 1024), (short, long))
+    assert costs.at(0).relative == pytest.approx(short.relative)
+    assert costs.at(1024).relative == pytest.approx(long.relative)
+    middle = costs.at(576)
+    assert middle.base_seconds == pytest.approx(0.015)
+    assert middle.relative[2] == pytest.approx((0.012 + 0.060) / 2 / 0.015)
+    assert costs.at(1920).relative[2] > long.relative[2]
+
+
 def test_engine_cuts_drafts_losslessly(tiny):
     """With a cost model under which drafting never pays, the engine decodes plainly (no drafts);
     with expensive short widths it verifies only long drafts; the output never changes."""
@@ -95,10 +125,10 @@ def test_engine_cuts_drafts_losslessly(tiny):
     params = SamplingParams(max_tokens=40)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": prompt}, params)[0]
     with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 4, "adaptive_window": 64}, tokenizer=tiny.tokenizer) as llm:
-        llm.engine.forward_costs[1] = ForwardCost([1.0, 50.0, 50.0, 50.0, 50.0])
+        llm.engine.forward_costs[1] = everywhere(ForwardCost([1.0, 50.0, 50.0, 50.0, 50.0]))
         never = llm.generate({"prompt_token_ids": prompt}, params)[0]
         assert never.token_ids == plain.token_ids and never.metrics.num_drafts == 0
-        llm.engine.forward_costs[1] = ForwardCost([1.0, 3.0, 3.0, 1.0, 1.0])
+        llm.engine.forward_costs[1] = everywhere(ForwardCost([1.0, 3.0, 3.0, 1.0, 1.0]))
         long_only = llm.generate({"prompt_token_ids": prompt}, params)[0]
         assert long_only.token_ids == plain.token_ids and long_only.metrics.num_drafts > 0
         # Only 3- and 4-token drafts were verified: no draft ever ended at position 1 or 2.

@@ -91,7 +91,8 @@ class ForwardCost:
         repeats: int = 5,
         sync: Callable[[], None] | None = None,
     ) -> ForwardCost:
-        """Time forwards of every width over ``rows`` requests; ``sync`` waits for the device (CUDA)."""
+        """Time forwards of every width over ``rows`` requests holding ``context`` tokens each;
+        ``sync`` waits for the device (CUDA)."""
         cache = runner.new_cache(rows)
         runner.forward_rows(cache, [[0] * context] * rows)
 
@@ -117,6 +118,10 @@ class ForwardCost:
             timings.append(min(samples))
         return cls([t / timings[0] for t in timings], timings[0])
 
+    @property
+    def seconds(self) -> list[float]:
+        return [r * self.base_seconds for r in self.relative]
+
     def best_length(
         self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int], draft_cost: float = 0.0
     ) -> int:
@@ -132,4 +137,46 @@ class ForwardCost:
             sum(g[min(n, len(g) - 1)] for g in gains) / (self.relative[n] + draft_cost * n) for n in range(longest + 1)
         ]
         best = max(rates)
-        return max(n for n in range(longest + 1) if rates[n] >= best * (1 - TOLERANCE))
+        if rates[0] == best:
+            # Drafting must be expected to win, not merely to lose less than the tolerance.
+            return 0
+        return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE))
+
+
+class ContextCost:
+    """Forward costs of one batch size at a short and a long context, interpolated in between.
+
+    Attention grows with the context while the rest of a forward does not, so a wide verify
+    forward that is nearly free next to a short context can cost several one-token forwards next
+    to a long one. Each step uses the costs at the batch's longest cache.
+    """
+
+    def __init__(self, contexts: tuple[int, int], costs: tuple[ForwardCost, ForwardCost]) -> None:
+        self.contexts = contexts
+        self.costs = costs
+
+    @classmethod
+    def measure(
+        cls,
+        runner: ModelRunner,
+        max_width: int,
+        rows: int = 1,
+        contexts: tuple[int, int] = (128, 1024),
+        sync: Callable[[], None] | None = None,
+    ) -> ContextCost:
+        longest = max(runner.max_length - max_width - 1, 2)
+        short, long = min(contexts[0], longest // 2), min(contexts[1], longest)
+        return cls(
+            (short, long),
+            (
+                ForwardCost.measure(runner, max_width, rows, context=short, sync=sync),
+                ForwardCost.measure(runner, max_width, rows, context=long, sync=sync),
+            ),
+        )
+
+    def at(self, context: int) -> ForwardCost:
+        """Costs next to ``context`` cached tokens (linear between and beyond the measured two)."""
+        (c0, c1), (short, long) = self.contexts, self.costs
+        weight = max(context - c0, 0) / (c1 - c0) if c1 > c0 else 0.0
+        seconds = [a + weight * (b - a) for a, b in zip(short.seconds, long.seconds, strict=True)]
+        return ForwardCost([t / seconds[0] for t in seconds], seconds[0])

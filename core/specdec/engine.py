@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import DRAFT_TIME_WEIGHT, AcceptanceEstimate, ForwardCost
+from specdec.draft_policy import DRAFT_TIME_WEIGHT, AcceptanceEstimate, ContextCost
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
@@ -60,7 +60,7 @@ class Engine:
         self._next_id = 0
         self._adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
         #: Measured forward cost by batch size (adaptive draft length only).
-        self.forward_costs: dict[int, ForwardCost] = {}
+        self.forward_costs: dict[int, ContextCost] = {}
         #: Running drafting time per drafted token (per round: the longest proposal), by batch size.
         self.draft_seconds: dict[int, float] = {}
 
@@ -87,9 +87,9 @@ class Engine:
                 self.runner.forward_rows(cache, [[0] * width] * rows)
                 self.runner.rollback(cache, width)
 
-    def _cost(self, rows: int) -> ForwardCost:
+    def _cost(self, rows: int) -> ContextCost:
         if rows not in self.forward_costs:
-            self.forward_costs[rows] = ForwardCost.measure(
+            self.forward_costs[rows] = ContextCost.measure(
                 self.runner, self.config.max_draft_tokens + 1, rows=rows, sync=self._sync
             )
         return self.forward_costs[rows]
@@ -176,7 +176,7 @@ class Engine:
         runner, config = self.runner, self.config
         limit = config.draft_len_for_batch(len(batch))
         # Measured once per batch size (at warmup, or here the first time), before the clock starts.
-        cost = self._cost(len(batch)) if self._adaptive and limit > 0 else None
+        cost = self._cost(len(batch)).at(max(cache.lengths)) if self._adaptive and limit > 0 else None
         step_start = time.perf_counter()
         for request in batch:
             budget = min(
