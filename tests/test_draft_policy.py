@@ -160,3 +160,15 @@ def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
         got = llm.generate(prompt, params)[0]
     assert got.token_ids == plain.token_ids
     assert 0 < got.metrics.num_drafts <= got.metrics.num_steps // 4
+
+
+def test_a_new_request_starts_from_the_methods_recent_acceptance():
+    """A request without evidence of its own takes the engine-wide estimate as its prior: after
+    many rejections across requests, a newcomer does not start optimistic; its own evidence
+    then moves it."""
+    engine_wide = estimate(*[(4, 0)] * 40, window=64)
+    newcomer = AcceptanceEstimate(16, prior=engine_wide)
+    assert newcomer.alpha(0) == pytest.approx(engine_wide.alpha(0)) and newcomer.alpha(0) < 0.1
+    for _ in range(4):
+        newcomer.update(4, 4)
+    assert newcomer.alpha(0) > 0.6

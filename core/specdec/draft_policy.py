@@ -40,11 +40,18 @@ DRAFT_TIME_WEIGHT = 0.2
 
 
 class AcceptanceEstimate:
-    """Per-position conditional acceptance of one request's drafts over its last ``window`` steps."""
+    """Per-position conditional acceptance of drafts over the last ``window`` steps.
 
-    def __init__(self, window: int = DEFAULT_WINDOW) -> None:
+    One per request; the engine also keeps one over every request's steps, which is each
+    request's prior (``prior``), so a new request starts from what the method has been achieving
+    rather than from optimism, while the engine-wide estimate itself starts from
+    ``PRIOR_ACCEPTANCE``.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW, prior: AcceptanceEstimate | None = None) -> None:
         #: ``(drafted, accepted)`` per step, oldest first; ``(0, 0)`` for a step without drafts.
         self.steps: deque[tuple[int, int]] = deque(maxlen=window)
+        self.prior = prior
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
         self.steps.append((num_drafted, num_accepted))
@@ -60,7 +67,8 @@ class AcceptanceEstimate:
             if drafted > position and accepted >= position:
                 reached += 1
                 hits += accepted > position
-        return (hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (reached + PRIOR_WEIGHT)
+        prior = self.prior.alpha(position) if self.prior is not None else PRIOR_ACCEPTANCE
+        return (hits + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
 
     def expected_tokens(self, length: int) -> list[float]:
         """Expected tokens per step for every draft length ``0..length``."""
@@ -94,7 +102,8 @@ class ForwardCost:
         """Time forwards of every width over ``rows`` requests holding ``context`` tokens each;
         ``sync`` waits for the device (CUDA)."""
         cache = runner.new_cache(rows)
-        runner.forward_rows(cache, [[0] * context] * rows)
+        # Rows of different lengths, as real batches have (their writes take the ragged path).
+        runner.forward_rows(cache, [[0] * (context + row) for row in range(rows)])
 
         def forward(width: int) -> None:
             if rows == 1:

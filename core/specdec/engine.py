@@ -63,6 +63,8 @@ class Engine:
         self.forward_costs: dict[int, ContextCost] = {}
         #: Running drafting time per drafted token (per round: the longest proposal), by batch size.
         self.draft_seconds: dict[int, float] = {}
+        #: Acceptance over every request's recent steps: the prior of each request's own estimate.
+        self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
 
     def close(self) -> None:
         if self.resource_manager is not None:
@@ -99,7 +101,7 @@ class Engine:
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device="cpu").manual_seed(params.seed)
         request = Request(self._next_id, list(prompt_ids), len(prompt_ids), params, generator)
-        request.acceptance = AcceptanceEstimate(self.config.adaptive_window)
+        request.acceptance = AcceptanceEstimate(self.config.adaptive_window, prior=self.acceptance)
         self._next_id += 1
         return request
 
@@ -236,10 +238,11 @@ class Engine:
         verified = time.perf_counter()
         for request, proposal, result in zip(batch, proposals, results):
             request.metrics.record_step(len(proposal), result.num_accepted)
-            if len(proposal):
-                request.acceptance.update(_depth(proposal), result.num_accepted)
-            else:
-                request.acceptance.skip()
+            for estimate in (request.acceptance, self.acceptance):
+                if len(proposal):
+                    estimate.update(_depth(proposal), result.num_accepted)
+                else:
+                    estimate.skip()
             self._append(request, result.emitted(proposal))
         self.hook.specdec_accept(config=config, requests=batch, results=results, resource_manager=self.resource_manager)
         done = time.perf_counter()
