@@ -7,9 +7,10 @@ bfloat16 the cost is flat, and in a large batch every extra token per request co
 Each request keeps a rolling window of its last ``window`` steps (:class:`AcceptanceEstimate`).
 From it, ``alpha[i]`` estimates how often the draft at position ``i`` is accepted once position
 ``i`` is reached, and the expected tokens a step yields with ``L`` drafts are
-``1 + sum_{j<=L} prod_{i<=j} alpha[i]``. Steps without drafts age the window, so a request whose
-drafting was paused returns to the optimistic prior and probes again after ``window`` steps:
-pausing costs at most one probe per window.
+``1 + sum_{j<=L} prod_{i<=j} alpha[i]``. The estimate is shrunk toward a prior: the same
+estimate over every request's recent steps, itself starting from ``PRIOR_ACCEPTANCE``. Steps
+without drafts age the windows, so a request whose drafting was paused drifts back to the prior
+and probes again once drafting looks worth it.
 
 The batch verifies every request at one width (rows are padded to the longest), so the policy
 picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
