@@ -69,3 +69,13 @@ def fresh_registry():
 def tiny() -> TinyTarget:
     """The tiny random fp32 Llama (seed 0) with the character-level tokenizer."""
     return make_tiny_target(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny target and its tokenizer saved as a model directory (for CLI subprocesses)."""
+    path = tmp_path_factory.mktemp("tiny")
+    target = make_tiny_target()
+    target.model.save_pretrained(path)
+    target.tokenizer.save_pretrained(path)
+    return path

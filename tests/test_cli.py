@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from specdec.cli.main import main
-from specdec.testing import make_tiny_target
 
 
 def specdec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -19,15 +18,6 @@ def specdec(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         [sys.executable, "-m", "specdec.cli.main", *args],
         capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
     )
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny")
-    target = make_tiny_target()
-    target.model.save_pretrained(path)
-    target.tokenizer.save_pretrained(path)
-    return path
 
 
 def test_list_methods_json_has_required_fields() -> None:

@@ -20,15 +20,6 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny")
-    target = make_tiny_target()
-    target.model.save_pretrained(path)
-    target.tokenizer.save_pretrained(path)
-    return path
-
-
 @pytest.fixture()
 def spec_bench_file(tmp_path: Path) -> Path:
     path = tmp_path / "questions.jsonl"

@@ -3,7 +3,6 @@ the target's embedding assemble into a checkpoint that computes what the trained
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
