@@ -18,6 +18,8 @@ import torch
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
+from specdec.errors import ModelLoadError
+
 _MIN_CAPACITY = 256
 
 
@@ -120,7 +122,10 @@ class BatchKVCache(DynamicCache):
         super().__init__(config=config)
         for layer in self.layers:
             if type(layer) is not DynamicLayer:
-                raise ValueError(f"{type(layer).__name__} layers are not supported; specdec needs full-attention layers")
+                raise ModelLoadError(
+                    f"{type(layer).__name__} cache layers (sliding-window or other non-full attention) are not "
+                    "supported yet; specdec's KV cache needs full-attention layers"
+                )
         self.layers = [GrowableLayer(self) for _ in self.layers]
         self.lengths = [0] * rows
 
