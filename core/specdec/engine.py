@@ -105,10 +105,6 @@ class Engine:
         self._next_id += 1
         return request
 
-    def run(self, request: Request) -> Request:
-        """Generate until ``request`` finishes; returns it with tokens, finish reason and metrics."""
-        return self.generate([request])[0]
-
     @torch.inference_mode()
     def generate(self, requests: list[Request]) -> list[Request]:
         """Run ``requests`` to completion, at most ``max_batch_size`` at a time, in arrival order.

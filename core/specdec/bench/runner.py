@@ -137,7 +137,8 @@ def run_batched_benchmark(
     conversations: dict[str, list[dict[str, str]]] = {q.question_id: [] for q in questions}
     categories = list(dict.fromkeys(q.category for q in questions))
     results = []
-    order = [PLAIN, SPEC]
+    llms = {PLAIN: plain, SPEC: spec}
+    order = list(llms)
     for turn in range(max_turns):
         for category in categories:
             group = [q for q in questions if q.category == category and len(q.turns) > turn]
@@ -147,7 +148,6 @@ def run_batched_benchmark(
                 for q in batch:
                     conversations[q.question_id].append({"role": "user", "content": q.turns[turn]})
                     prompts.append(plain.encode(conversations[q.question_id], chat=True))
-                llms = {PLAIN: plain, SPEC: spec}
                 runs = {mode: _run_llm_batch(llms[mode], prompts, params) for mode in order}
                 order = order[1:] + order[:1]
                 for i, q in enumerate(batch):

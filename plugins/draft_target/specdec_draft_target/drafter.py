@@ -70,14 +70,16 @@ class DraftModel:
         rounds = max(budgets, default=0)
         if rounds == 0:
             return [DraftProposal() for _ in requests]
-        feed = []
-        for row, (request, state) in enumerate(zip(requests, states)):
+        feed, refed = [], []
+        for request, state in zip(requests, states):
             new = request.token_ids[state.committed :]
+            refed.append(int(not new))
             if not new:  # the row already holds every token: re-feed the last one for its logits
-                self.cache.rollback_rows([int(r == row) for r in range(len(requests))])
                 state.tokens.pop()
                 new = request.token_ids[-1:]
             feed.append(new)
+        if any(refed):
+            self.cache.rollback_rows(refed)
         logits = [self._on_target_vocab(out.logits[-1]) for out in self.runner.forward_rows(self.cache, feed)]
         for state, new in zip(states, feed):
             state.tokens.extend(new)
