@@ -74,6 +74,13 @@ def default_model_dir() -> Path:
     return target
 
 
+def is_default_model(model: Any) -> bool:
+    """Whether ``model`` (a loaded transformers model) is the cached default model: plugins ship
+    drafters trained for it and use them when no ``speculative_model`` is given."""
+    path = getattr(model, "name_or_path", "") or ""
+    return bool(path) and Path(path).resolve() == (cache_dir() / "models" / DEFAULT_MODEL).resolve()
+
+
 def resolve_model_path(model: str | None) -> str:
     if model is None or model.lower() in _DEFAULT_ALIASES:
         return str(default_model_dir())

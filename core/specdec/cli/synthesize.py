@@ -23,7 +23,7 @@ from specdec.training.synthesize import SynthesisOptions, done_ids, read_convers
 @click.option("--limit", type=int, default=None, help="Answer a seeded random sample of this many conversations (default: all, in a seeded random order).")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
 @click.option("--max-prompt-tokens", type=int, default=512, show_default=True, help="Skip longer prompts.")
-@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Requests decoded together (continuous batching).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -6,30 +6,35 @@ training recipes: one object per line with ``conversation_id`` and ``conversatio
 user turn (any later assistant turn is replaced), and the output line carries the conversation
 with that reply appended plus the input's other fields.
 
-Generation is batched (prompts of similar length share a batch, left-padded) and greedy unless a
-temperature is given. The output is appended to and flushed after every batch; conversations
-whose id is already in it are skipped, so an interrupted run resumes where it stopped.
+Generation runs on specdec's own engine with continuous batching (a finished reply leaves the
+batch and the next prompt joins, so no row waits for the longest reply in its batch) and is greedy
+unless a temperature is given. The output is appended to and flushed after every chunk of
+prompts; conversations whose id is already in it are skipped, so an interrupted run resumes
+where it stopped.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from specdec.errors import ConfigError
+from specdec.llm import LLM
+from specdec.sampling import SamplingParams
 
 _ROLES = {"system", "user", "assistant"}
+#: Prompts handed to the engine at once, in batches: replies are written after each such chunk.
+#: Larger chunks keep the continuous batch full longer (it drains at a chunk's end).
+CHUNK_BATCHES = 8
 
 
 @dataclass
 class SynthesisOptions:
     max_new_tokens: int = 256
-    batch_size: int = 16
+    batch_size: int = 32
     max_prompt_tokens: int = 512
     temperature: float = 0.0
     top_p: float = 1.0
@@ -86,52 +91,13 @@ def prompt_turns(record: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": t["role"], "content": t["content"]} for t in turns[: last_user + 1]]
 
 
-def _batches(items: list[tuple[dict[str, Any], list[int]]], size: int,
-             window: int = 8) -> Iterator[list[tuple[dict[str, Any], list[int]]]]:
-    """Batches of similar prompt length (less padding), sorted only within windows of
-    ``window`` batches, so a run stopped early has answered a sample of the whole input
-    rather than only its shortest prompts."""
-    for chunk_start in range(0, len(items), size * window):
-        ordered = sorted(items[chunk_start : chunk_start + size * window], key=lambda item: len(item[1]))
-        for start in range(0, len(ordered), size):
-            yield ordered[start : start + size]
-
-
-@torch.inference_mode()
-def _generate(model: Any, tokenizer: Any, prompts: list[list[int]], options: SynthesisOptions,
-              generator_seed: int) -> list[list[int]]:
-    device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(ids)
-        attention[row, width - len(ids):] = 1
-    sampling: dict[str, Any] = {"do_sample": False}
-    if options.temperature > 0:
-        torch.manual_seed(generator_seed)
-        sampling = {"do_sample": True, "temperature": options.temperature, "top_p": options.top_p, "top_k": 0}
-    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                         max_new_tokens=options.max_new_tokens, pad_token_id=pad, **sampling)
-    replies = []
-    for row in out[:, width:].tolist():
-        reply = []
-        for token in row:
-            if token == tokenizer.eos_token_id:
-                break
-            reply.append(token)
-        replies.append(reply)
-    return replies
-
-
 def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output: str | Path,
                options: SynthesisOptions, on_batch: Callable[[int, int], None] | None = None) -> int:
     """Append the target's replies to ``records`` to ``output``; returns how many were written.
 
-    ``on_batch(conversations, new_tokens)`` is called after each batch (progress display).
-    Prompts longer than ``options.max_prompt_tokens`` are skipped: they cost most and teach
-    a short-context drafter least.
+    ``options.batch_size`` requests decode together; ``on_batch(conversations, new_tokens)`` is
+    called after each chunk written (progress display). Prompts longer than
+    ``options.max_prompt_tokens`` are skipped: they cost most and teach a short-context drafter least.
     """
     if options.batch_size < 1 or options.max_new_tokens < 1:
         raise ConfigError("batch_size and max_new_tokens must be at least 1")
@@ -145,17 +111,22 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
             ids = ids["input_ids"]
         if len(ids) <= options.max_prompt_tokens:
             todo.append((record, list(ids)))
+    llm = LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size)
     written = 0
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
+    chunk = options.batch_size * CHUNK_BATCHES
     with output.open("a", encoding="utf-8") as sink:
-        for number, batch in enumerate(_batches(todo, options.batch_size)):
-            replies = _generate(model, tokenizer, [ids for _, ids in batch], options, options.seed + number)
+        for start in range(0, len(todo), chunk):
+            batch = todo[start : start + chunk]
+            params = [SamplingParams(max_tokens=options.max_new_tokens, temperature=options.temperature,
+                                     top_p=options.top_p, seed=options.seed + start + i) for i in range(len(batch))]
+            replies = llm.generate([{"prompt_token_ids": ids} for _, ids in batch], params)
             for (record, _), reply in zip(batch, replies):
-                turns = prompt_turns(record) + [{"role": "assistant", "content": tokenizer.decode(reply, skip_special_tokens=True)}]
+                turns = prompt_turns(record) + [{"role": "assistant", "content": reply.text}]
                 sink.write(json.dumps({**record, "conversations": turns}, ensure_ascii=False) + "\n")
             sink.flush()
             written += len(batch)
             if on_batch is not None:
-                on_batch(len(batch), sum(len(r) for r in replies))
+                on_batch(len(batch), sum(len(r.token_ids) for r in replies))
     return written

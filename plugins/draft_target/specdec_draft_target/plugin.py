@@ -16,10 +16,10 @@ from specdec import (
     TargetContext,
     hookimpl,
 )
-from specdec.models import load_model
+from specdec.models import is_default_model, load_model
 from specdec_draft_target.config import DraftTargetDecodingConfig
 from specdec_draft_target.drafter import DraftModel
-from specdec_draft_target.shipped import is_default_target, shipped_draft_dir
+from specdec_draft_target.shipped import shipped_draft_dir
 from specdec_draft_target.vocab import check_same_tokenizer
 
 
@@ -27,7 +27,7 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
     """The draft model named by ``config`` (or the shipped one), on the target's device and dtype."""
     name = config.speculative_model
     if name is None:
-        if not is_default_target(target.model):
+        if not is_default_model(target.model):
             raise ConfigError(
                 "speculative_model: required; a draft ships only for the default target (SmolLM2-135M-Instruct)"
             )

@@ -14,7 +14,6 @@ import hashlib
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -23,12 +22,6 @@ from specdec.models import DEFAULT_MODEL, cache_dir, default_model_dir
 
 WEIGHTS_FILE = Path(__file__).resolve().parent / "weights" / "smollm2-draft.safetensors"
 EMBEDDING = "model.embed_tokens.weight"
-
-
-def is_default_target(model: Any) -> bool:
-    """Whether ``model`` was loaded from the cached default model."""
-    path = getattr(model, "name_or_path", "") or ""
-    return bool(path) and Path(path).resolve() == (cache_dir() / "models" / DEFAULT_MODEL).resolve()
 
 
 def shipped_draft_dir(weights: Path = WEIGHTS_FILE) -> Path:

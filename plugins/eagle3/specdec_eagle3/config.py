@@ -32,7 +32,10 @@ class Eagle3DecodingConfig(DraftingConfig):
     speculative_model: str | None = Field(
         default=None,
         validation_alias=AliasChoices("speculative_model", "speculative_model_dir", "model"),
-        description="Directory of the EAGLE-3 head checkpoint, SafeAILab or vLLM speculators layout (required).",
+        description=(
+            "Directory of the EAGLE-3 head checkpoint, SafeAILab or vLLM speculators layout. "
+            "Default: the head shipped for the default target (SmolLM2-135M-Instruct); required for any other target."
+        ),
     )
     eagle3_layers_to_capture: list[int] | None = Field(
         default=None,
@@ -91,12 +94,6 @@ class Eagle3DecodingConfig(DraftingConfig):
         if len(set(value)) != len(value):
             raise ValueError("layer numbers must be distinct")
         return sorted(value)
-
-    @model_validator(mode="after")
-    def _needs_a_head(self) -> Eagle3DecodingConfig:
-        if not self.speculative_model:
-            raise ValueError("speculative_model is required: the directory of an EAGLE-3 head checkpoint")
-        return self
 
     @model_validator(mode="after")
     def _tree_fits(self) -> Eagle3DecodingConfig:

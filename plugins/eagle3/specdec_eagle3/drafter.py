@@ -26,6 +26,7 @@ rejection sampler verifies chains only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
@@ -35,9 +36,27 @@ from specdec.sampling import sample
 from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import check_target, resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, ModelLoadError
+from specdec.models import is_default_model
 from specdec_eagle3.head import HeadCache
 from specdec_eagle3.tree import TreeCandidates, frontier_mask
+
+
+#: The head trained for the default target by ``specdec train eagle3`` (see docs/eagle3.md).
+SHIPPED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-eagle3"
+
+
+def head_source(config: Eagle3DecodingConfig, target: TargetContext) -> str:
+    """The head named by ``config``, else the shipped one when the target is the default model."""
+    if config.speculative_model:
+        return str(config.speculative_model)
+    if not is_default_model(target.model):
+        raise ConfigError(
+            "speculative_model: required; an EAGLE-3 head ships only for the default target (SmolLM2-135M-Instruct)"
+        )
+    if not (SHIPPED_HEAD / "config.json").exists():
+        raise ModelLoadError(f"the shipped EAGLE-3 head is missing: {SHIPPED_HEAD} (reinstall specdec-plugin-eagle3)")
+    return str(SHIPPED_HEAD)
 
 
 @dataclass
@@ -53,7 +72,7 @@ class Eagle3Resources(ResourceManager):
 
     def __init__(self, config: Eagle3DecodingConfig, target: TargetContext) -> None:
         super().__init__()
-        source = str(config.speculative_model)
+        source = head_source(config, target)
         head = load_head(source)
         target_config = target.model.config
         check_target(head.config, head.embed_tokens is not None, int(target_config.hidden_size), target.vocab_size, source)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from specdec import LLM
 from specdec.config_loader import parse_speculative_config
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, SpecdecError
+from specdec.testing import make_tiny_target
 from specdec_eagle3 import Eagle3DecodingConfig
 
 
@@ -34,7 +36,6 @@ def test_layers_are_kept_in_ascending_order() -> None:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"decoding_type": "Eagle3"}, "speculative_model is required"),
         ({"decoding_type": "Eagle3", "model": "/h", "eagle3_layers_to_capture": []}, "eagle3_layers_to_capture: .*at least one"),
         ({"decoding_type": "Eagle3", "model": "/h", "eagle3_layers_to_capture": [2, 2, 5]}, "eagle3_layers_to_capture: .*distinct"),
         ({"decoding_type": "Eagle3", "model": "/h", "eagle3_layers_to_capture": [-1, 2, 5]}, "eagle3_layers_to_capture: .*>= 0"),
@@ -85,3 +86,11 @@ def test_bad_tree_options(raw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         parse_speculative_config({"decoding_type": "Eagle3", "model": "/h", **raw})
     assert "\n" not in str(info.value)
+
+
+def test_head_required_for_other_targets() -> None:
+    """A head ships only for the default target; any other target must name one."""
+    assert parse_speculative_config({"decoding_type": "Eagle3"}).speculative_model is None
+    with pytest.raises(SpecdecError, match="speculative_model: required; an EAGLE-3 head ships only for the default"):
+        tiny = make_tiny_target()
+        LLM(tiny.model, {"method": "eagle3"}, tokenizer=tiny.tokenizer)
