@@ -7,7 +7,7 @@ from eagle3_training_data import tiny_target
 
 from specdec_eagle3.head import HeadCache
 from specdec_eagle3.training.loop import new_head
-from specdec_eagle3.training.ttt import shift, ttt_forward, ttt_mask
+from specdec_eagle3.training.ttt import shift, ttt_forward, ttt_mask, unrolled_rows
 
 
 def _head(target, layers=(0, 1, 2), draft_vocab: int = 20):
@@ -59,6 +59,47 @@ def test_unrolled_steps_equal_chained_drafting() -> None:
             position = torch.tensor([[anchor + k]])
             hidden = head(embed(ids[:, anchor + 1 + k : anchor + 2 + k]), hidden, position, cache)
             torch.testing.assert_close(hidden[0, 0], result.hiddens[k][0, anchor], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_steps_past_zero_run_only_where_scored_and_stay_exact() -> None:
+    """With prompt tokens (no loss) and ragged rows, steps >= 1 run only on positions a later step
+    scores: each of those equals chained drafting from its anchor, the rest are skipped (zero),
+    and each step's loss is the plain cross-entropy over exactly its scored positions."""
+    target = tiny_target()
+    head = _head(target, draft_vocab=36).eval()
+    ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11, 4, 6], [8, 2, 14, 9, 30, 1, 0, 0, 0, 0]])
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[0, 6:] = True
+    mask[1, 3:6] = True
+    out = target.model(ids, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)
+    embed = target.model.get_input_embeddings()
+    steps = 3
+    result = ttt_forward(head, embed, ids, mask, features, out.logits, out.logits.argmax(-1), steps)
+    teach = shift(mask, 1) & head.t2d[out.logits.argmax(-1)]
+    rows, live = unrolled_rows(teach, steps)
+    unrolled = {(b, int(t)) for b in range(2) for t, on in zip(rows[b], live[b]) if on}
+    assert unrolled and len(unrolled) < 2 * (ids.shape[1] - 2)
+    for b in range(2):
+        for anchor in range(ids.shape[1] - 1):
+            cache = HeadCache()
+            pairs = torch.arange(anchor + 1)[None]
+            hidden = head(embed(ids[b : b + 1, 1 : anchor + 2]), head.fuse(features[b : b + 1, : anchor + 1]), pairs, cache)[:, -1:]
+            torch.testing.assert_close(hidden[0, 0], result.hiddens[0][b, anchor], atol=1e-5, rtol=1e-5)
+            for k in range(1, steps):
+                if (b, anchor) not in unrolled:
+                    assert not result.hiddens[k][b, anchor].any()
+                    continue
+                token = ids[b : b + 1, anchor + 1 + k : anchor + 2 + k]
+                hidden = head(embed(token), hidden, torch.tensor([[anchor + k]]), cache)
+                torch.testing.assert_close(hidden[0, 0], result.hiddens[k][b, anchor], atol=1e-5, rtol=1e-5)
+    for k in range(steps):
+        scored = shift(teach, 1 + k)
+        logq = torch.log_softmax(head.logits(result.hiddens[k][scored]), -1)
+        expected = -(torch.softmax(shift(out.logits, 1 + k)[scored], -1) * logq).sum(-1).mean()
+        assert result.counts[k] == int(scored.sum()) > 0
+        torch.testing.assert_close(result.losses[k], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_loss_counts_reply_tokens_the_draft_vocabulary_can_hit() -> None:

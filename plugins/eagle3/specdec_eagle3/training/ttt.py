@@ -83,6 +83,27 @@ class TTTResult:
         return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
 
 
+def unrolled_rows(teach: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions some step ``1 .. steps - 1`` scores, per sequence, ascending and right-padded:
+    ``rows [B, M]`` and ``live [B, M]`` (False on padding). Only these are unrolled past step 0; the
+    rest (prompt tokens, mostly) would be computed for nothing."""
+    needed = torch.zeros_like(teach)
+    for k in range(1, steps):
+        needed |= shift(teach, 1 + k)
+    count = max(1, int(needed.sum(1).max()))
+    rows = torch.argsort((~needed).to(torch.int8), dim=1, stable=True)[:, :count]
+    return rows, needed.gather(1, rows)
+
+
+def unrolled_mask(rows: torch.Tensor, length: int, step: int) -> torch.Tensor:
+    """Boolean ``[B, 1, M, length + step * M]`` for unrolled step ``step >= 1`` over gathered
+    ``rows``: row ``t`` sees step 0's positions ``<= t``, then itself at each earlier step."""
+    batch, count = rows.shape
+    prefix = torch.arange(length, device=rows.device)[None, None, :] <= rows[:, :, None]
+    own = torch.eye(count, dtype=torch.bool, device=rows.device).expand(batch, count, count)
+    return torch.cat([prefix, *[own] * step], dim=2)[:, None]
+
+
 def ttt_forward(
     head: Eagle3Head,
     embed: Callable[[torch.Tensor], torch.Tensor],
@@ -95,6 +116,11 @@ def ttt_forward(
 ) -> TTTResult:
     """Unroll ``head`` for ``steps`` steps over a right-padded batch.
 
+    Step 0 runs over every position (its keys are every later step's context); steps from 1 on
+    run only over the positions they score (:func:`unrolled_rows`), and each step's output layer
+    and loss only over its scored positions. ``TTTResult.hiddens[k]`` is still ``[B, T, hidden]``,
+    zero where step ``k`` did not run.
+
     :param embed: the target's input embedding (frozen).
     :param input_ids: ``[B, T]`` tokens; ``loss_mask`` ``[B, T]`` marks assistant tokens.
     :param features: ``[B, T, layers x target_hidden]`` fused target states.
@@ -104,24 +130,38 @@ def ttt_forward(
     """
     batch, length = input_ids.shape
     device = input_ids.device
-    positions = torch.arange(length, device=device)[None].expand(batch, length)
     # Target position s teaches when token s + 1 is the assistant's and the draft vocabulary has its argmax.
     teach = shift(loss_mask.bool(), 1) & head.t2d[target_argmax]
     target_p = torch.softmax(draft_logits.float(), dim=-1)
     target_pick = draft_logits.argmax(-1)
+    rows = torch.arange(length, device=device)[None].expand(batch, length)
+    live = torch.ones_like(teach)
+    sequence = torch.arange(batch, device=device)[:, None]
     cache = ConcatCache()
     hidden = head.fuse(features)
     result = TTTResult()
     for k in range(steps):
-        embeds = embed(shift(input_ids, 1 + k)).to(hidden.dtype)
-        hidden = head(embeds, hidden, positions + k, cache, ttt_mask(length, k, device))
-        result.hiddens.append(hidden)
-        logq = torch.log_softmax(head.logits(hidden).float(), dim=-1)
-        mask = shift(teach, 1 + k)
-        cross_entropy = -(shift(target_p, 1 + k) * logq).sum(-1)
-        count = int(mask.sum())
-        result.losses.append((cross_entropy * mask).sum() / max(count, 1))
+        if k == 1:
+            rows, live = unrolled_rows(teach, steps)
+            hidden = hidden.gather(1, rows[..., None].expand(-1, -1, hidden.shape[-1]))
+        # Row t of step k reads token t + 1 + k; the target's logits there describe its prediction.
+        ahead = rows + 1 + k
+        source = ahead.clamp(max=length - 1)
+        embeds = embed(input_ids.gather(1, source)).to(hidden.dtype)
+        mask = ttt_mask(length, 0, device) if k == 0 else unrolled_mask(rows, length, k)
+        hidden = head(embeds, hidden, rows + k, cache, mask)
+        if k == 0:
+            result.hiddens.append(hidden)
+        else:
+            placed = hidden.new_zeros(batch, length, hidden.shape[-1])
+            placed[sequence.expand_as(rows)[live], rows[live]] = hidden[live]
+            result.hiddens.append(placed)
+        scored = teach.gather(1, source) & (ahead < length) & live
+        at = (sequence.expand_as(rows)[scored], source[scored])
+        logq = torch.log_softmax(head.logits(hidden[scored]).float(), dim=-1)
+        count = int(scored.sum())
+        result.losses.append(-(target_p[at] * logq).sum() / max(count, 1))
         with torch.no_grad():
-            result.correct.append(int(((logq.argmax(-1) == shift(target_pick, 1 + k)) & mask).sum()))
+            result.correct.append(int((logq.argmax(-1) == target_pick[at]).sum()))
         result.counts.append(count)
     return result
