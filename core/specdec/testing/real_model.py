@@ -23,3 +23,27 @@ def default_model_llm(dtype: str = "float32") -> Iterator[LLM]:
         yield LLM(None, None, dtype=dtype)
     finally:
         torch.set_num_threads(threads)
+
+
+def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: str, samples: int = 120,
+                                 tokens: int = 3) -> tuple[float, int]:
+    """Sample ``tokens`` tokens (temperature 1, top-k 2) ``samples`` times with speculation and
+    compare them with the target's exact joint distribution by a chi-square test.
+
+    Returns the p-value and the number of accepted draft tokens (a test should demand both a
+    p-value above :data:`~specdec.testing.conformance.P_VALUE_FLOOR` and accepted drafts, or it
+    proves nothing about verification).
+    """
+    from specdec.sampling import SamplingParams
+    from specdec.testing.conformance import chi_square_p_value, exact_joint_distribution
+
+    ids = plain.encode(prompt, chat=False)
+    sampling = SamplingParams(temperature=1.0, top_k=2, max_tokens=tokens, ignore_eos=True)
+    expected = exact_joint_distribution(plain.model, ids, sampling, tokens)
+    observed: dict[tuple[int, ...], int] = {}
+    with LLM(plain.model, speculative_config, tokenizer=plain.tokenizer) as llm:
+        for seed in range(samples):
+            out = llm.generate({"prompt_token_ids": ids}, sampling.model_copy(update={"seed": seed}))[0]
+            observed[tuple(out.token_ids)] = observed.get(tuple(out.token_ids), 0) + 1
+        accepted = llm.get_metrics().num_accepted_tokens
+    return chi_square_p_value(observed, expected, samples), accepted

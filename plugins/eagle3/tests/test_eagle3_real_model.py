@@ -1,8 +1,10 @@
-"""EAGLE-3 on the embedded default model (SmolLM2-135M-Instruct, 30 layers, grouped-query attention).
+"""EAGLE-3 on the embedded default model (SmolLM2-135M-Instruct, 30 layers, grouped-query attention),
+float32.
 
-No trained head for it ships yet, so this uses an untrained head of the right shape: it proves the
-default layers, the shapes and the head's cache on a real target, and that greedy output stays
-exact, not that drafts are accepted (the tiny-model conformance suite proves that part).
+The shipped head (trained for this target, used when no ``speculative_model`` is given) keeps
+greedy output exact for chains, trees and batches while its drafts are accepted, and sampled
+output follows the target's exact distribution. An untrained head in vLLM's speculators layout
+proves the default fused layers.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import torch
 from eagle3_tiny import head_config
 
 from specdec import LLM, SamplingParams
-from specdec.testing.real_model import default_model_llm
+from specdec.bench.dataset import load_questions
+from specdec.testing.conformance import P_VALUE_FLOOR
+from specdec.testing.real_model import default_model_llm, sampled_distribution_p_value
 from specdec_eagle3 import Eagle3Head, save_head
 
 pytestmark = pytest.mark.real_model
@@ -41,3 +45,29 @@ def test_untrained_head_keeps_greedy_output_on_the_default_model(plain: LLM, tmp
         assert got.metrics.num_draft_tokens > 0
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("tree", [{}, {"eagle_topk": 4, "num_draft_tokens": 12}], ids=["chain", "tree"])
+def test_shipped_head_greedy_is_lossless(plain: LLM, tree: dict) -> None:
+    """Two Spec-Bench prompts, alone and batched: exactly plain greedy output, with most steps
+    accepting drafts (a trained head; an untrained one accepts almost nothing)."""
+    questions = load_questions("spec_bench", ["writing", "coding"], per_category=1)
+    prompts = [q.turns[0] for q in questions]
+    params = SamplingParams(max_tokens=32)
+    expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]
+    config = {"method": "eagle3", "num_speculative_tokens": 4, "adaptive_draft_len": False, **tree}
+    with LLM(plain.model, config, tokenizer=plain.tokenizer) as llm:
+        alone = [llm.generate(p, params, chat=True)[0] for p in prompts]
+        batched = llm.generate(prompts, params, chat=True)
+    assert [o.token_ids for o in alone] == expected
+    assert [o.token_ids for o in batched] == expected
+    steps = sum(o.metrics.num_steps for o in alone)
+    assert sum(o.metrics.num_accepted_tokens for o in alone) > steps / 2
+
+
+def test_shipped_head_sampling_follows_target(plain: LLM) -> None:
+    """Three sampled tokens (top-k 2) match the exact joint distribution (chi-square)."""
+    config = {"method": "eagle3", "num_speculative_tokens": 4, "adaptive_draft_len": False}
+    p_value, accepted = sampled_distribution_p_value(plain, config, "The three primary colors are")
+    assert accepted > 0
+    assert p_value > P_VALUE_FLOOR

@@ -1,0 +1,43 @@
+"""The shipped draft on the embedded default model (SmolLM2-135M-Instruct), float32: greedy output
+equals plain greedy output on Spec-Bench prompts while drafts are accepted, alone and batched,
+and sampled output follows the target's exact distribution."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec import LLM, SamplingParams
+from specdec.bench.dataset import load_questions
+from specdec.testing.conformance import P_VALUE_FLOOR
+from specdec.testing.real_model import default_model_llm, sampled_distribution_p_value
+
+pytestmark = pytest.mark.real_model
+
+#: Fixed length: the adaptive policy may pause a draft that does not pay, leaving nothing to check.
+CONFIG = {"method": "draft_model", "num_speculative_tokens": 4, "adaptive_draft_len": False}
+
+
+@pytest.fixture(scope="module")
+def plain() -> LLM:
+    with default_model_llm("float32") as llm:
+        yield llm
+
+
+def test_shipped_draft_greedy_is_lossless(plain: LLM) -> None:
+    questions = load_questions("spec_bench", ["writing", "coding"], per_category=1)
+    prompts = [q.turns[0] for q in questions]
+    params = SamplingParams(max_tokens=32)
+    expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]
+    with LLM(plain.model, CONFIG, tokenizer=plain.tokenizer) as llm:
+        alone = [llm.generate(p, params, chat=True)[0] for p in prompts]
+        batched = llm.generate(prompts, params, chat=True)
+    assert [o.token_ids for o in alone] == expected
+    assert [o.token_ids for o in batched] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
+
+
+def test_shipped_draft_sampling_follows_target(plain: LLM) -> None:
+    """Three sampled tokens (top-k 2) match the exact joint distribution (chi-square)."""
+    p_value, accepted = sampled_distribution_p_value(plain, CONFIG, "The three primary colors are")
+    assert accepted > 0
+    assert p_value > P_VALUE_FLOOR
