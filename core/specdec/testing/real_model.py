@@ -26,9 +26,10 @@ def default_model_llm(dtype: str = "float32") -> Iterator[LLM]:
 
 
 def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: str, samples: int = 120,
-                                 tokens: int = 3) -> tuple[float, int]:
+                                 tokens: int = 3, chat: bool = False) -> tuple[float, int]:
     """Sample ``tokens`` tokens (temperature 1, top-k 2) ``samples`` times with speculation and
-    compare them with the target's exact joint distribution by a chi-square test.
+    compare them with the target's exact joint distribution by a chi-square test. ``chat`` wraps
+    ``prompt`` as a user turn (a drafter trained on chat replies drafts well there).
 
     Returns the p-value and the number of accepted draft tokens (a test should demand both a
     p-value above :data:`~specdec.testing.conformance.P_VALUE_FLOOR` and accepted drafts, or it
@@ -37,7 +38,7 @@ def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: s
     from specdec.sampling import SamplingParams
     from specdec.testing.conformance import chi_square_p_value, exact_joint_distribution
 
-    ids = plain.encode(prompt, chat=False)
+    ids = plain.encode(prompt, chat=chat)
     sampling = SamplingParams(temperature=1.0, top_k=2, max_tokens=tokens, ignore_eos=True)
     expected = exact_joint_distribution(plain.model, ids, sampling, tokens)
     observed: dict[tuple[int, ...], int] = {}
