@@ -111,12 +111,12 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
             ids = ids["input_ids"]
         if len(ids) <= options.max_prompt_tokens:
             todo.append((record, list(ids)))
-    llm = LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size)
     written = 0
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     chunk = options.batch_size * CHUNK_BATCHES
-    with output.open("a", encoding="utf-8") as sink:
+    with LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size) as llm, \
+            output.open("a", encoding="utf-8") as sink:
         for start in range(0, len(todo), chunk):
             batch = todo[start : start + chunk]
             params = [SamplingParams(max_tokens=options.max_new_tokens, temperature=options.temperature,
