@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -48,3 +49,23 @@ def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: s
             observed[tuple(out.token_ids)] = observed.get(tuple(out.token_ids), 0) + 1
         accepted = llm.get_metrics().num_accepted_tokens
     return chi_square_p_value(observed, expected, samples), accepted
+
+
+def greedy_outputs_alone_and_batched(plain: LLM, speculative_config: dict, categories: list[str],
+                                     max_tokens: int = 32) -> tuple[list[list[int]], list[Any], list[Any]]:
+    """Greedy replies to the first Spec-Bench question of each category: plain decoding's token
+    ids, then the speculative outputs with each prompt decoded alone and all decoded together.
+
+    A lossless method gives ``expected == [o.token_ids for o in alone] == [... batched]``; a test
+    should also demand accepted drafts (``o.metrics.num_accepted_tokens``), or nothing was verified.
+    """
+    from specdec.bench.dataset import load_questions
+    from specdec.sampling import SamplingParams
+
+    prompts = [q.turns[0] for q in load_questions("spec_bench", categories, per_category=1)]
+    params = SamplingParams(max_tokens=max_tokens)
+    expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]
+    with LLM(plain.model, speculative_config, tokenizer=plain.tokenizer) as llm:
+        alone = [llm.generate(p, params, chat=True)[0] for p in prompts]
+        batched = llm.generate(prompts, params, chat=True)
+    return expected, alone, batched

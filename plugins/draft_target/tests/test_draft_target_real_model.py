@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import LLM, SamplingParams
-from specdec.bench.dataset import load_questions
+from specdec import LLM
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import default_model_llm, sampled_distribution_p_value
+from specdec.testing.real_model import default_model_llm, greedy_outputs_alone_and_batched, sampled_distribution_p_value
 
 pytestmark = pytest.mark.real_model
 
@@ -24,13 +23,7 @@ def plain() -> LLM:
 
 
 def test_shipped_draft_greedy_is_lossless(plain: LLM) -> None:
-    questions = load_questions("spec_bench", ["writing", "coding"], per_category=1)
-    prompts = [q.turns[0] for q in questions]
-    params = SamplingParams(max_tokens=32)
-    expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]
-    with LLM(plain.model, CONFIG, tokenizer=plain.tokenizer) as llm:
-        alone = [llm.generate(p, params, chat=True)[0] for p in prompts]
-        batched = llm.generate(prompts, params, chat=True)
+    expected, alone, batched = greedy_outputs_alone_and_batched(plain, CONFIG, ["writing", "coding"])
     assert [o.token_ids for o in alone] == expected
     assert [o.token_ids for o in batched] == expected
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0

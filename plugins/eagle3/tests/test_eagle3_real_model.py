@@ -14,9 +14,8 @@ import torch
 from eagle3_tiny import head_config
 
 from specdec import LLM, SamplingParams
-from specdec.bench.dataset import load_questions
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import default_model_llm, sampled_distribution_p_value
+from specdec.testing.real_model import default_model_llm, greedy_outputs_alone_and_batched, sampled_distribution_p_value
 from specdec_eagle3 import Eagle3Head, save_head
 
 pytestmark = pytest.mark.real_model
@@ -51,14 +50,8 @@ def test_untrained_head_keeps_greedy_output_on_the_default_model(plain: LLM, tmp
 def test_shipped_head_greedy_is_lossless(plain: LLM, tree: dict) -> None:
     """Two Spec-Bench prompts, alone and batched: exactly plain greedy output while drafts are
     accepted."""
-    questions = load_questions("spec_bench", ["math", "roleplay"], per_category=1)
-    prompts = [q.turns[0] for q in questions]
-    params = SamplingParams(max_tokens=32)
-    expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]
     config = {"method": "eagle3", "num_speculative_tokens": 4, "adaptive_draft_len": False, **tree}
-    with LLM(plain.model, config, tokenizer=plain.tokenizer) as llm:
-        alone = [llm.generate(p, params, chat=True)[0] for p in prompts]
-        batched = llm.generate(prompts, params, chat=True)
+    expected, alone, batched = greedy_outputs_alone_and_batched(plain, config, ["math", "roleplay"])
     assert [o.token_ids for o in alone] == expected
     assert [o.token_ids for o in batched] == expected
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0

@@ -85,7 +85,8 @@ def test_steps_past_zero_run_only_where_scored_and_stay_exact() -> None:
         for anchor in range(ids.shape[1] - 1):
             cache = HeadCache()
             pairs = torch.arange(anchor + 1)[None]
-            hidden = head(embed(ids[b : b + 1, 1 : anchor + 2]), head.fuse(features[b : b + 1, : anchor + 1]), pairs, cache)[:, -1:]
+            fused = head.fuse(features[b : b + 1, : anchor + 1])
+            hidden = head(embed(ids[b : b + 1, 1 : anchor + 2]), fused, pairs, cache)[:, -1:]
             torch.testing.assert_close(hidden[0, 0], result.hiddens[0][b, anchor], atol=1e-5, rtol=1e-5)
             for k in range(1, steps):
                 if (b, anchor) not in unrolled:
