@@ -9,7 +9,10 @@ from typing import Any
 
 import torch
 
+from specdec.bench.dataset import load_questions
 from specdec.llm import LLM
+from specdec.sampling import SamplingParams
+from specdec.testing.conformance import chi_square_p_value, exact_joint_distribution
 
 
 @contextmanager
@@ -36,9 +39,6 @@ def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: s
     p-value above :data:`~specdec.testing.conformance.P_VALUE_FLOOR` and accepted drafts, or it
     proves nothing about verification).
     """
-    from specdec.sampling import SamplingParams
-    from specdec.testing.conformance import chi_square_p_value, exact_joint_distribution
-
     ids = plain.encode(prompt, chat=chat)
     sampling = SamplingParams(temperature=1.0, top_k=2, max_tokens=tokens, ignore_eos=True)
     expected = exact_joint_distribution(plain.model, ids, sampling, tokens)
@@ -59,9 +59,6 @@ def greedy_outputs_alone_and_batched(plain: LLM, speculative_config: dict, categ
     A lossless method gives ``expected == [o.token_ids for o in alone] == [... batched]``; a test
     should also demand accepted drafts (``o.metrics.num_accepted_tokens``), or nothing was verified.
     """
-    from specdec.bench.dataset import load_questions
-    from specdec.sampling import SamplingParams
-
     prompts = [q.turns[0] for q in load_questions("spec_bench", categories, per_category=1)]
     params = SamplingParams(max_tokens=max_tokens)
     expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]

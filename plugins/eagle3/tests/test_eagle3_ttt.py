@@ -7,7 +7,7 @@ from eagle3_training_data import tiny_target
 
 from specdec_eagle3.head import HeadCache
 from specdec_eagle3.training.loop import new_head
-from specdec_eagle3.training.ttt import shift, ttt_forward, ttt_mask, unrolled_rows
+from specdec_eagle3.training.ttt import shift, ttt_forward, unrolled_mask, unrolled_rows
 
 
 def _head(target, layers=(0, 1, 2), draft_vocab: int = 20):
@@ -23,8 +23,9 @@ def _head(target, layers=(0, 1, 2), draft_vocab: int = 20):
     return head
 
 
-def test_ttt_mask_is_causal_then_diagonal() -> None:
-    mask = ttt_mask(3, 2)
+def test_unrolled_mask_is_causal_then_diagonal() -> None:
+    """Over every position, step 2 sees step 0 causally, then itself at steps 1 and 2."""
+    mask = unrolled_mask(torch.arange(3)[None], 3, 2)[0, 0]
     assert mask.shape == (3, 9)
     assert mask[:, :3].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
     assert torch.equal(mask[:, 3:6], torch.eye(3, dtype=torch.bool)) and torch.equal(mask[:, 6:], torch.eye(3, dtype=torch.bool))

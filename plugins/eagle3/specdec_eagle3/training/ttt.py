@@ -12,7 +12,7 @@ target's next-token logits ``z_t`` at position ``t`` (they describe token ``t + 
   earlier steps *at the same position* ``t`` only: exactly what a chained draft from anchor ``t``
   sees at inference (the true prefix in the head's cache, then its own drafts).
 
-So step ``k``'s keys form a block diagonal beside the causal step-0 block (:func:`ttt_mask`), as
+So step ``k``'s keys form a block diagonal beside the causal step-0 block (:func:`unrolled_mask`), as
 in the EAGLE-3 authors' ``cnets.py`` and ModelOpt's ``eagle_ttt_steps``.
 
 The loss of each step is the cross-entropy from the target's next-token distribution restricted
@@ -45,14 +45,6 @@ class ConcatCache:
         self.values = values if self.values is None else torch.cat((self.values, values), dim=-2)
         self.length += keys.shape[-2]
         return self.keys, self.values
-
-
-def ttt_mask(length: int, step: int, device: torch.device | None = None) -> torch.Tensor:
-    """Boolean ``[T, (step + 1) * T]`` (True = attend) for unrolled step ``step``: causal over step 0,
-    then one diagonal block per later step."""
-    blocks = [torch.ones(length, length, dtype=torch.bool, device=device).tril()]
-    blocks += [torch.eye(length, dtype=torch.bool, device=device)] * step
-    return torch.cat(blocks, dim=1)
 
 
 def shift(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -148,16 +140,18 @@ def ttt_forward(
         ahead = rows + 1 + k
         source = ahead.clamp(max=length - 1)
         embeds = embed(input_ids.gather(1, source)).to(hidden.dtype)
-        mask = ttt_mask(length, 0, device) if k == 0 else unrolled_mask(rows, length, k)
+        # Step 0 is causal over the whole sequence: the head's default mask for an empty cache.
+        mask = None if k == 0 else unrolled_mask(rows, length, k)
         hidden = head(embeds, hidden, rows + k, cache, mask)
+        owner = sequence.expand_as(rows)
         if k == 0:
             result.hiddens.append(hidden)
         else:
             placed = hidden.new_zeros(batch, length, hidden.shape[-1])
-            placed[sequence.expand_as(rows)[live], rows[live]] = hidden[live]
+            placed[owner[live], rows[live]] = hidden[live]
             result.hiddens.append(placed)
         scored = teach.gather(1, source) & (ahead < length) & live
-        at = (sequence.expand_as(rows)[scored], source[scored])
+        at = (owner[scored], source[scored])
         logq = torch.log_softmax(head.logits(hidden[scored]).float(), dim=-1)
         count = int(scored.sum())
         result.losses.append(-(target_p[at] * logq).sum() / max(count, 1))
