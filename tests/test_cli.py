@@ -124,20 +124,23 @@ def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> N
 
 def test_bench_batch_size_compares_batched_throughput(tiny_dir: Path, tmp_path: Path) -> None:
     """`bench --batch-size 2` decodes each category's prompts two at a time in both modes, skips
-    transformers' one-sequence peer with a note, and every batched output equals plain's."""
+    transformers' one-sequence peer with a note, and every batched output equals plain's;
+    `--repeats 2` runs each batch twice in both modes and keeps both rounds."""
     data = tmp_path / "prompts.jsonl"
     rows = [{"question_id": i, "category": cat, "turns": [text, "again"]}
             for i, (cat, text) in enumerate([("a", "hello world, hello"), ("b", "abc abc ab"), ("b", "one two one"), ("b", "xy xy x")])]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "bench.json"
     result = specdec("bench", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--dataset", str(data),
-                     "--max-tokens", "16", "--baseline", "none,hf", "--batch-size", "2", "--json", str(out))
+                     "--max-tokens", "16", "--baseline", "none,hf", "--batch-size", "2", "--repeats", "2", "--json", str(out))
     assert result.returncode == 0, result.stderr
     assert "skipping the hf baseline" in " ".join(result.stdout.split())
     payload = json.loads(out.read_text())
     assert payload["batch_size"] == 2
     summary = payload["summary"]
     assert summary["b"]["num_turns"] == 6 and summary["overall"]["outputs_match"] == 1.0
+    assert summary["b"]["num_rounds"] == 12
+    assert sorted(t["round"] for t in payload["turns"] if t["question_id"] == "1") == [0, 0, 1, 1]
     assert summary["overall"]["speedup"] > 0 and "speedup_vs_hf" not in summary["overall"]
 
 

@@ -51,6 +51,34 @@ def test_window_forgets_old_steps_and_paused_steps_age_it():
     assert est.alpha(0) == pytest.approx(PRIOR_ACCEPTANCE)
 
 
+def test_engine_window_counts_batch_steps_not_request_steps():
+    """The engine-wide estimate pools every drafting request of a step into one window entry, so
+    a batch of 8 forgets its evidence no faster than a batch of 1: after 8 paused steps each
+    request's own window of 8 holds no evidence and falls back to the engine's, which (a window of
+    32 batch steps) still remembers that the method's drafts were rejected."""
+    engine = AcceptanceEstimate(window=32)
+    requests = [AcceptanceEstimate(window=8, prior=engine) for _ in range(8)]
+    for _ in range(8):
+        for r in requests:
+            r.update(4, 0)
+        engine.record_batch([(4, 0)] * 8)
+    low = engine.alpha(0)
+    assert low == pytest.approx(PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (64 + PRIOR_WEIGHT))
+    for _ in range(8):
+        for r in requests:
+            r.skip()
+        engine.skip()
+    assert engine.alpha(0) == pytest.approx(low)
+    assert all(r.alpha(0) == pytest.approx(low) for r in requests)
+    # Once the whole window has passed without drafts, the engine is optimistic again and probes.
+    for _ in range(24):
+        engine.skip()
+    assert engine.alpha(0) == pytest.approx(PRIOR_ACCEPTANCE)
+    # Pooled outcomes count per position, as a request's own do.
+    engine.record_batch([(4, 4), (2, 1)])
+    assert engine.alpha(1) == pytest.approx((1 + PRIOR_WEIGHT * PRIOR_ACCEPTANCE) / (2 + PRIOR_WEIGHT))
+
+
 def test_flat_cost_keeps_every_draft():
     """Where wider forwards cost the same (bf16 on CPU), every offered draft is worth verifying,
     however unlikely; with a few percent of measured spread, still so at typical acceptance."""

@@ -8,9 +8,12 @@ Each request keeps a rolling window of its last ``window`` steps (:class:`Accept
 From it, ``alpha[i]`` estimates how often the draft at position ``i`` is accepted once position
 ``i`` is reached, and the expected tokens a step yields with ``L`` drafts are
 ``1 + sum_{j<=L} prod_{i<=j} alpha[i]``. The estimate is shrunk toward a prior: the same
-estimate over every request's recent steps, itself starting from ``PRIOR_ACCEPTANCE``. Steps
-without drafts age the windows, so a request whose drafting was paused drifts back to the prior
-and probes again once drafting looks worth it.
+estimate over the engine's last ``4 * window`` steps, pooling every request that drafted in them,
+itself starting from ``PRIOR_ACCEPTANCE``. Steps without drafts age the windows, so a request
+whose drafting was paused drifts back to the prior, and the prior back to optimism once the
+whole batch has gone that long without drafting: then it probes again. The engine's window
+counts batch steps, not request steps, so a large batch does not forget its evidence faster:
+each probe makes every row of the batch pay for a wide forward.
 
 The batch verifies every request at one width (rows are padded to the longest), so the policy
 picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
@@ -43,31 +46,44 @@ DRAFT_TIME_WEIGHT = 0.2
 class AcceptanceEstimate:
     """Per-position conditional acceptance of drafts over the last ``window`` steps.
 
-    One per request; the engine also keeps one over every request's steps, which is each
-    request's prior (``prior``), so a new request starts from what the method has been achieving
-    rather than from optimism, while the engine-wide estimate itself starts from
+    One per request; the engine also keeps one over its batch steps (:meth:`record_batch`),
+    which is each request's prior (``prior``), so a new request starts from what the method has
+    been achieving rather than from optimism, while the engine-wide estimate itself starts from
     ``PRIOR_ACCEPTANCE``.
     """
 
     def __init__(self, window: int = DEFAULT_WINDOW, prior: AcceptanceEstimate | None = None) -> None:
-        #: ``(drafted, accepted)`` per step, oldest first; ``(0, 0)`` for a step without drafts.
-        self.steps: deque[tuple[int, int]] = deque(maxlen=window)
+        #: Per step, oldest first, the ``(drafted, accepted)`` of each draft verified in it
+        #: (one for a request's step, one per drafting request for a batch step; none for a
+        #: step without drafts).
+        self.steps: deque[list[tuple[int, int]]] = deque(maxlen=window)
         self.prior = prior
+        #: ``(reached, hits)`` by position, counted once per step (the engine's window is long).
+        self._counts: dict[int, tuple[int, int]] = {}
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
-        self.steps.append((num_drafted, num_accepted))
+        self.record_batch([(num_drafted, num_accepted)])
+
+    def record_batch(self, outcomes: list[tuple[int, int]]) -> None:
+        """One step of ``(drafted, accepted)`` outcomes (empty: a step without drafts)."""
+        self.steps.append(outcomes)
+        self._counts.clear()
 
     def skip(self) -> None:
         """A step without drafts: no evidence, but the window moves on."""
-        self.steps.append((0, 0))
+        self.record_batch([])
 
     def alpha(self, position: int) -> float:
         """P(draft at ``position`` accepted | drafts before it accepted), shrunk toward the prior."""
-        reached = hits = 0
-        for drafted, accepted in self.steps:
-            if drafted > position and accepted >= position:
-                reached += 1
-                hits += accepted > position
+        if position not in self._counts:
+            reached = hits = 0
+            for step in self.steps:
+                for drafted, accepted in step:
+                    if drafted > position and accepted >= position:
+                        reached += 1
+                        hits += accepted > position
+            self._counts[position] = (reached, hits)
+        reached, hits = self._counts[position]
         prior = self.prior.alpha(position) if self.prior is not None else PRIOR_ACCEPTANCE
         return (hits + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
 

@@ -63,7 +63,7 @@ class Engine:
         self.forward_costs: dict[int, ContextCost] = {}
         #: Running drafting time per drafted token (per round: the longest proposal), by batch size.
         self.draft_seconds: dict[int, float] = {}
-        #: Acceptance over every request's recent steps: the prior of each request's own estimate.
+        #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
         self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
 
     def close(self) -> None:
@@ -234,12 +234,14 @@ class Engine:
         verified = time.perf_counter()
         for request, proposal, result in zip(batch, proposals, results):
             request.metrics.record_step(len(proposal), result.num_accepted)
-            for estimate in (request.acceptance, self.acceptance):
-                if len(proposal):
-                    estimate.update(_depth(proposal), result.num_accepted)
-                else:
-                    estimate.skip()
+            if len(proposal):
+                request.acceptance.update(_depth(proposal), result.num_accepted)
+            else:
+                request.acceptance.skip()
             self._append(request, result.emitted(proposal))
+        self.acceptance.record_batch(
+            [(_depth(p), r.num_accepted) for p, r in zip(proposals, results, strict=True) if len(p)]
+        )
         self.hook.specdec_accept(config=config, requests=batch, results=results, resource_manager=self.resource_manager)
         done = time.perf_counter()
         for request in batch:

@@ -22,7 +22,8 @@ def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
     plain, spec = _throughput(results, PLAIN), _throughput(results, SPEC)
     m = aggregate(r.runs[SPEC].metrics for r in results)
     summary: dict[str, Any] = {
-        "num_turns": len(results),
+        "num_turns": len({(r.question_id, r.turn) for r in results}),
+        "num_rounds": len(results),
         "speedup": spec / plain if plain else None,
         "tokens_per_second": spec,
         "plain_tokens_per_second": plain,

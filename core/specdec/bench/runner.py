@@ -7,6 +7,10 @@ earlier answers, so each mode processes identical inputs.
 With a batch size above 1, prompts of one category and turn run together in batches, each mode
 on the same batch in turn; a request's time is its batch's wall time divided by the batch size,
 so throughput sums (output tokens over wall time) stay exact per category and overall.
+
+``repeats`` runs every turn (or batch) that many rounds, each round every mode once with the
+order rotating, and keeps every round: a shared machine's speed drifts by ten percent over
+seconds, so one pair of runs per batch can tell little from noise.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class TurnResult:
     category: str
     turn: int
     runs: dict[str, Run]
+    #: Which of the ``repeats`` rounds of this turn (0 for the first).
+    round: int = 0
 
 
 class HFPeer:
@@ -87,6 +93,7 @@ def run_benchmark(
     params: SamplingParams,
     max_turns: int,
     on_turn: Callable[[TurnResult], None] | None = None,
+    repeats: int = 1,
 ) -> list[TurnResult]:
     runners: dict[str, Callable[[list[int]], Run]] = {
         PLAIN: lambda ids: _run_llm(plain, ids, params),
@@ -106,14 +113,16 @@ def run_benchmark(
         for turn, text in enumerate(q.turns[:max_turns]):
             messages.append({"role": "user", "content": text})
             prompt_ids = plain.encode(messages, chat=True)
-            runs = {mode: runners[mode](prompt_ids) for mode in order}
-            # Rotate which mode goes first so drift in machine speed does not favour one.
-            order = order[1:] + order[:1]
-            result = TurnResult(q.question_id, q.category, turn, runs)
-            results.append(result)
-            if on_turn:
-                on_turn(result)
-            answer = plain.tokenizer.decode(runs[PLAIN].tokens, skip_special_tokens=True)
+            rounds = []
+            for round_ in range(repeats):
+                runs = {mode: runners[mode](prompt_ids) for mode in order}
+                # Rotate which mode goes first so drift in machine speed does not favour one.
+                order = order[1:] + order[:1]
+                rounds.append(TurnResult(q.question_id, q.category, turn, runs, round_))
+                if on_turn:
+                    on_turn(rounds[-1])
+            results += rounds
+            answer = plain.tokenizer.decode(rounds[0].runs[PLAIN].tokens, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": answer})
     return results
 
@@ -126,6 +135,7 @@ def run_batched_benchmark(
     max_turns: int,
     batch_size: int,
     on_turn: Callable[[TurnResult], None] | None = None,
+    repeats: int = 1,
 ) -> list[TurnResult]:
     """Throughput of plain and speculative batched decoding on the same batches, interleaved."""
     for llm in (plain, spec):
@@ -142,19 +152,23 @@ def run_batched_benchmark(
     for turn in range(max_turns):
         for category in categories:
             group = [q for q in questions if q.category == category and len(q.turns) > turn]
-            for first in range(0, len(group), batch_size):
-                batch = group[first : first + batch_size]
+            for start in range(0, len(group), batch_size):
+                batch = group[start : start + batch_size]
                 prompts = []
                 for q in batch:
                     conversations[q.question_id].append({"role": "user", "content": q.turns[turn]})
                     prompts.append(plain.encode(conversations[q.question_id], chat=True))
-                runs = {mode: _run_llm_batch(llms[mode], prompts, params) for mode in order}
-                order = order[1:] + order[:1]
+                rounds = []
+                for round_ in range(repeats):
+                    runs = {mode: _run_llm_batch(llms[mode], prompts, params) for mode in order}
+                    order = order[1:] + order[:1]
+                    rounds.append(runs)
+                    for i, q in enumerate(batch):
+                        result = TurnResult(q.question_id, category, turn, {mode: runs[mode][i] for mode in runs}, round_)
+                        results.append(result)
+                        if on_turn:
+                            on_turn(result)
                 for i, q in enumerate(batch):
-                    result = TurnResult(q.question_id, category, turn, {mode: runs[mode][i] for mode in runs})
-                    results.append(result)
-                    if on_turn:
-                        on_turn(result)
-                    answer = plain.tokenizer.decode(runs[PLAIN][i].tokens, skip_special_tokens=True)
+                    answer = plain.tokenizer.decode(rounds[0][PLAIN][i].tokens, skip_special_tokens=True)
                     conversations[q.question_id].append({"role": "assistant", "content": answer})
     return results

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from specdec.bench.dataset import load_questions
 from specdec.bench.report import plot_summary, summarize, summary_table
@@ -18,6 +18,7 @@ from specdec.cli.common import build_config, method_options, model_options, quie
 from specdec.errors import ConfigError
 from specdec.llm import LLM
 from specdec.plugins import get_registry
+from specdec.progress import Progress
 
 BASELINES = {"none", "hf"}
 
@@ -34,9 +35,11 @@ BASELINES = {"none", "hf"}
 @click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding.")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Rounds per turn (or batch), each running every mode once: more rounds average out machine noise.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
 def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
-          categories, num_prompts, max_turns, max_tokens, baseline, batch_size, json_out) -> None:
+          categories, num_prompts, max_turns, max_tokens, baseline, batch_size, repeats, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config is None:
@@ -62,7 +65,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             console.print(f"[yellow]transformers has no equivalent of {spec.method!r}; skipping the hf baseline[/]")
         else:
             hf = HFPeer(plain, kwargs, params)
-    total = sum(min(len(q.turns), max_turns) for q in questions)
+    total = repeats * sum(min(len(q.turns), max_turns) for q in questions)
     title = f"{spec.method} on {Path(str(plain.model.name_or_path)).name}, {plain.runner.dtype}, {dataset}"
     if batch_size > 1:
         title += f", batch {batch_size}"
@@ -74,9 +77,9 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             progress.update(task, advance=1, description=f"{result.category} #{result.question_id}")
 
         if batch_size > 1:
-            results = run_batched_benchmark(plain, spec, questions, params, max_turns, batch_size, on_turn=advance)
+            results = run_batched_benchmark(plain, spec, questions, params, max_turns, batch_size, on_turn=advance, repeats=repeats)
         else:
-            results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance)
+            results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance, repeats=repeats)
     summary = summarize(results, params.greedy)
     console.print(summary_table(summary, title))
     if json_out:
@@ -89,12 +92,13 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "device": str(plain.runner.device),
             "threads": torch.get_num_threads(),
             "batch_size": batch_size,
+            "repeats": repeats,
             "machine": platform.machine(),
             "sampling": params.model_dump(),
             "hf_kwargs": sorted(hf.kwargs) if hf else None,
             "summary": summary,
             "turns": [
-                {"question_id": r.question_id, "category": r.category, "turn": r.turn,
+                {"question_id": r.question_id, "category": r.category, "turn": r.turn, "round": r.round,
                  "runs": {m: {"num_tokens": len(run.tokens), "seconds": run.seconds, "metrics": run.metrics.to_dict() if run.metrics else None} for m, run in r.runs.items()}}
                 for r in results
             ],

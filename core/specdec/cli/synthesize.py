@@ -6,11 +6,12 @@ import random
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.cli.common import model_options, quiet_transformers
 from specdec.errors import ConfigError
 from specdec.models import load_model
+from specdec.progress import Progress
 from specdec.training.synthesize import SynthesisOptions, done_ids, read_conversations, synthesize as run_synthesis
 
 

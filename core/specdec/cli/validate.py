@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from specdec.bench.dataset import load_questions
@@ -25,6 +25,7 @@ from specdec.cli.common import build_config, method_options, model_options, quie
 from specdec.errors import ConfigError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics, aggregate
+from specdec.progress import Progress
 from specdec.sampling import SamplingParams
 from specdec.training.synthesize import prompt_turns, read_conversations
 

@@ -27,10 +27,11 @@ from typing import Any
 import click
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device, resolve_dtype
+from specdec.progress import Progress
 from specdec.training.synthesize import prompt_turns, read_conversations
 from specdec_draft_target.shipped import EMBEDDING, WEIGHTS_FILE
 

@@ -9,10 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from eagle3_training_data import save_target, synthesized, tiny_target
 
 from specdec.cli.main import main
 from specdec_eagle3 import load_head
+from specdec_eagle3.training.loop import export
 
 
 def specdec(*args: str) -> subprocess.CompletedProcess[str]:
@@ -37,8 +39,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "data": synthesized(target, directory, count=16, max_new_tokens=24)}
 
 
-def test_dump_fit_export_validate(files: dict[str, Path]) -> None:
-    """The whole workflow from the command line: the head it writes loads in both layouts and drafts."""
+def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole workflow from the command line: the head it writes loads in both layouts and drafts,
+    and a later fit continues it (`--init-head`) with its own draft vocabulary."""
     d, target = files["dir"], str(files["target"])
     result = specdec("train", "eagle3", "dump", "--model", target, "--dtype", "float32", "--data", str(files["data"]),
                      "--output", str(d / "dump"), "--layers", "0,1,2", "--shard-size", "5")
@@ -53,6 +56,20 @@ def test_dump_fit_export_validate(files: dict[str, Path]) -> None:
     head = load_head(d / "head")
     assert head.config.draft_vocab_size == 20 and head.config.layers_to_capture == (0, 1, 2)
     assert json.loads((d / "head" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    result = specdec("train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "continued"),
+                     "--init-head", str(d / "head"), "--ttt-steps", "3", "--steps", "2", "--batch-size", "4", "--lr", "1e-3")
+    assert result.returncode == 0, result.stderr
+    assert "draft vocabulary 20 tokens" in result.stderr
+    continued = load_head(d / "continued")
+    assert torch.equal(continued.d2t, head.d2t) and torch.equal(continued.t2d, head.t2d)
+    assert not torch.equal(continued.fc.weight, head.fc.weight)
+    assert json.loads((d / "continued" / "training.json").read_text())["init_head"] == str(d / "head")
+    one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",
+                    str(d / "head"), "--draft-vocab-size", "20"], "--init-head continues a head with its own draft vocabulary", capsys)
+    head.config.layers_to_capture = (0, 1, 3)
+    export(head, str(d / "other-layers"), "safeailab", torch.float32, "tiny", (), 3)
+    one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",
+                    str(d / "other-layers")], "fuses target layers [0, 1, 3], the data has layers [0, 1, 2]", capsys)
     result = specdec("train", "eagle3", "export", "--head", str(d / "head"), "--output", str(d / "spec"),
                      "--layout", "speculators", "--verifier", target)
     assert result.returncode == 0, result.stderr

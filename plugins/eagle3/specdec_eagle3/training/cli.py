@@ -11,10 +11,11 @@ from typing import Any
 import click
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device
+from specdec.progress import Progress
 from specdec.training.synthesize import read_conversations
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
@@ -135,12 +136,14 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--warmup", type=int, default=0, show_default=True, help="Linear warm-up steps.")
 @click.option("--init-from-target/--no-init-from-target", default=True, show_default=True,
               help="Start the head's final norm and output layer from the target's.")
+@click.option("--init-head", type=click.Path(file_okay=False), default=None,
+              help="Continue training this head (either layout) instead of a new one; it keeps its draft vocabulary.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="safeailab", show_default=True, help="Exported checkpoint layout.")
 @click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
 @click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
-                steps, epochs, batch_size, lr, warmup, init_from_target, layout, export_dtype, save_every, seed) -> None:
+                steps, epochs, batch_size, lr, warmup, init_from_target, init_head, layout, export_dtype, save_every, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
@@ -151,6 +154,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
     if warmup < 0 or save_every < 0:
         raise ConfigError("--warmup and --save-every must be >= 0")
+    if init_head is not None and draft_vocab_size is not None:
+        raise ConfigError("--draft-vocab-size: --init-head continues a head with its own draft vocabulary; give one of them")
     _quiet_transformers()
     world = join(resolve_device(device))
     console = Console(stderr=True, quiet=not world.is_main)
@@ -174,8 +179,12 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 source = OnlineTarget(target, fused)
             vocab = int(target_config["vocab_size"])
             assistant, every = token_counts(dataset.sequences(), vocab)
-            d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))
-            head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed).to(world.device)
+            if init_head is not None:
+                head = _continued_head(init_head, target_config, fused).to(world.device)
+                d2t, t2d = head.d2t, head.t2d
+            else:
+                d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))
+                head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed).to(world.device)
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
                              ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every)
@@ -187,7 +196,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
 
         def save(step: int) -> None:
             export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8))
-            record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "step": step, "options": vars(options),
+            record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "init_head": init_head, "step": step, "options": vars(options),
                       "layers": list(fused), "draft_vocab_size": int(d2t.numel()),
                       "train_accuracy_per_step": last.accuracies, "train_loss": last.loss}
             (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -210,6 +219,21 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                       f"wrote {layout} head to {output}")
     finally:
         leave(world)
+
+
+def _continued_head(path: str, target_config: dict[str, Any], fused: tuple[int, ...]) -> Any:
+    """A trained head to continue, in float32, refused unless it reads the data's target and layers."""
+    head = load_head(path)
+    config = head.config
+    recorded = config.layers_to_capture
+    if config.target_hidden_size != int(target_config["hidden_size"]) or config.vocab_size != int(target_config["vocab_size"]):
+        raise ConfigError(
+            f"--init-head: {path} was trained for a target with hidden size {config.target_hidden_size} and "
+            f"vocabulary {config.vocab_size}, not {target_config['hidden_size']} and {target_config['vocab_size']}"
+        )
+    if recorded is not None and tuple(recorded) != tuple(fused):
+        raise ConfigError(f"--init-head: {path} fuses target layers {list(recorded)}, the data has layers {list(fused)}")
+    return head.float().train()
 
 
 @eagle3.command("export")
