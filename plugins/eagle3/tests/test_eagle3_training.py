@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import Subset
 from eagle3_training_data import synthesized, tiny_target
 
 from specdec import LLM, SamplingParams
@@ -15,7 +16,7 @@ from specdec_eagle3 import load_head
 from specdec_eagle3.training.conversations import tokenize_all
 from specdec_eagle3.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
-from specdec_eagle3.training.loop import FitOptions, export, fit, new_head
+from specdec_eagle3.training.loop import FitOptions, evaluate, export, fit, new_head
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget, collate
 from specdec_eagle3.training.vocab import calibrate, token_counts
 
@@ -68,6 +69,24 @@ def test_offline_training_raises_acceptance(target, workdir: Path) -> None:
     assert before < 1.8 and after > 3.0, (before, after)
     with LLM(target.model, None, tokenizer=target.tokenizer) as plain:
         assert tokens == [o.token_ids for o in plain.generate(PROMPTS, SamplingParams(max_tokens=40), chat=True)]
+
+
+def test_heldout_agreement_is_measured_on_schedule(target, workdir: Path) -> None:
+    """With held-out conversations, every ``eval_every``-th report and the last carry the head's
+    per-step agreement on them, computed as in training but without learning from them."""
+    dataset = DumpDataset(workdir / "dump")
+    held, trained = Subset(dataset, range(8)), Subset(dataset, range(8, len(dataset)))
+    head = _fresh_head(dataset)
+    source = OfflineTarget(dataset.target_tensors(), torch.device("cpu"))
+    options = FitOptions(steps=30, batch_size=8, lr=3e-3, ttt_steps=3, eval_every=20)
+    source.use_draft_vocabulary(head.draft_to_target())
+    before = evaluate(head, source, held, options, World())
+    reports = []
+    fit(head, source, trained, options, World(), reports.append, heldout=held)
+    assert [r.step for r in reports if r.heldout is not None] == [20, 30]
+    assert len(reports[-1].heldout) == 3 and reports[-1].heldout[0] > before[0] + 0.1, (before, reports[-1].heldout)
+    # Measuring does not train: the same head measures the same again.
+    assert evaluate(head, source, held, options, World()) == reports[-1].heldout
 
 
 def test_online_signals_equal_the_dumps(target, workdir: Path) -> None:

@@ -48,11 +48,14 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert result.returncode == 0, result.stderr
     assert "dumped 16 conversations" in result.stderr and (d / "dump" / "shard-00003.safetensors").exists()
     result = specdec("train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "head"),
-                     "--draft-vocab-size", "20", "--ttt-steps", "3", "--steps", "4", "--batch-size", "4", "--lr", "1e-3")
+                     "--draft-vocab-size", "20", "--ttt-steps", "3", "--steps", "4", "--batch-size", "4", "--lr", "1e-3",
+                     "--heldout", "4", "--eval-every", "2")
     assert result.returncode == 0, result.stderr
-    assert "offline training: 16 conversations, layers [0, 1, 2], draft vocabulary 20 tokens" in result.stderr
+    assert "offline training: 12 conversations (4 held out), layers [0, 1, 2], draft vocabulary 20 tokens" in result.stderr
+    assert "held-out: " in result.stderr
     record = json.loads((d / "head" / "training.json").read_text())
     assert record["step"] == 4 and len(record["train_accuracy_per_step"]) == 3 and record["options"]["loss_decay"] == 0.8
+    assert record["heldout_step"] == 4 and len(record["heldout_accuracy_per_step"]) == 3 and record["heldout_conversations"] == 4
     head = load_head(d / "head")
     assert head.config.draft_vocab_size == 20 and head.config.layers_to_capture == (0, 1, 2)
     assert json.loads((d / "head" / "config.json").read_text())["torch_dtype"] == "bfloat16"
@@ -100,6 +103,7 @@ def test_online_fit(files: dict[str, Path]) -> None:
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x"], "no index.json (not a dump"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--steps", "0"], "--steps: must be positive"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--loss-decay", "1.5"], "--loss-decay: must be in (0, 1]"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--heldout", "-1"], "--heldout and --eval-every must be >= 0"),
     (["validate", "--dataset", "spec_bench"], "validate needs --config or --method"),
     (["validate", "--method", "ngram", "--dataset", "nope.jsonl"], "--dataset: cannot read 'nope.jsonl'"),
 ])

@@ -141,9 +141,14 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--layout", type=click.Choice(LAYOUTS), default="safeailab", show_default=True, help="Exported checkpoint layout.")
 @click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
 @click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
+@click.option("--heldout", type=int, default=0, show_default=True,
+              help="Conversations held out of training (a seeded random choice) to measure the head's agreement on.")
+@click.option("--eval-every", type=int, default=0, show_default=True,
+              help="Measure held-out agreement every this many steps (0: at the end only).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
-                steps, epochs, batch_size, lr, warmup, init_from_target, init_head, layout, export_dtype, save_every, seed) -> None:
+                steps, epochs, batch_size, lr, warmup, init_from_target, init_head, layout, export_dtype, save_every, heldout,
+                eval_every, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
@@ -152,8 +157,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
     _positive(steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length, draft_vocab_size=draft_vocab_size)
     if not 0 < loss_decay <= 1:
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
-    if warmup < 0 or save_every < 0:
-        raise ConfigError("--warmup and --save-every must be >= 0")
+    if warmup < 0 or save_every < 0 or heldout < 0 or eval_every < 0:
+        raise ConfigError("--warmup, --save-every, --heldout and --eval-every must be >= 0")
     if init_head is not None and draft_vocab_size is not None:
         raise ConfigError("--draft-vocab-size: --init-head continues a head with its own draft vocabulary; give one of them")
     _quiet_transformers()
@@ -178,17 +183,26 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 weights = {"norm.weight": target.model.norm.weight, "lm_head.weight": target.get_output_embeddings().weight}
                 source = OnlineTarget(target, fused)
             vocab = int(target_config["vocab_size"])
-            assistant, every = token_counts(dataset.sequences(), vocab)
+            if not 0 <= heldout < len(dataset):
+                raise ConfigError(f"--heldout: must leave conversations to train on; the data has {len(dataset)}")
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+            held = set(order[:heldout])
+            trained = [i for i in range(len(dataset)) if i not in held]
+            # The draft vocabulary comes from the training conversations only.
+            assistant, every = token_counts((s for i, s in enumerate(dataset.sequences()) if i not in held), vocab)
             if init_head is not None:
                 head = _continued_head(init_head, target_config, fused).to(world.device)
                 d2t, t2d = head.d2t, head.t2d
             else:
                 d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))
                 head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed).to(world.device)
+        heldout_set = torch.utils.data.Subset(dataset, sorted(held)) if held else None
+        dataset = torch.utils.data.Subset(dataset, trained) if held else dataset
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
-                             ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every)
-        console.print(f"{'offline' if offline_data else 'online'} training: {len(dataset)} conversations, layers {list(fused)}, "
+                             ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every)
+        console.print(f"{'offline' if offline_data else 'online'} training: {len(dataset)} conversations"
+                      f"{f' ({heldout} held out)' if heldout else ''}, layers {list(fused)}, "
                       f"draft vocabulary {int(d2t.numel())} tokens covering {coverage(assistant, t2d):.1%} of reply tokens, "
                       f"{options.ttt_steps} TTT steps (decay {loss_decay}), {options.steps} steps x {batch_size} x {world.size} "
                       f"process(es)")
@@ -198,12 +212,16 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
             export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8))
             record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "init_head": init_head, "step": step, "options": vars(options),
                       "layers": list(fused), "draft_vocab_size": int(d2t.numel()),
-                      "train_accuracy_per_step": last.accuracies, "train_loss": last.loss}
+                      "train_accuracy_per_step": last.accuracies, "train_loss": last.loss,
+                      "heldout_conversations": heldout, **measured}
             (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
         last = StepReport(0, float("nan"), [])
-        with _progress(console, "training", "loss {task.fields[loss]:.3f}", "acc {task.fields[acc]}") as progress:
-            task = progress.add_task("fit", total=options.steps, loss=float("nan"), acc="-")
+        #: The latest held-out measurement, for training.json.
+        measured: dict[str, Any] = {}
+        with _progress(console, "training", "loss {task.fields[loss]:.3f}", "acc {task.fields[acc]}",
+                       "held-out {task.fields[held]}") as progress:
+            task = progress.add_task("fit", total=options.steps, loss=float("nan"), acc="-", held="-")
             smooth: dict[str, Any] = {}
 
             def on_step(report: StepReport) -> None:
@@ -212,13 +230,22 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 previous = smooth.get("acc")
                 smooth["acc"] = report.accuracies if previous is None else [0.9 * a + 0.1 * b for a, b in zip(previous, report.accuracies)]
                 smooth["loss"] = report.loss if "loss" not in smooth else 0.9 * smooth["loss"] + 0.1 * report.loss
-                progress.update(task, advance=1, loss=smooth["loss"], acc=" ".join(f"{a:.2f}" for a in smooth["acc"][:4]))
+                if report.heldout is not None:
+                    measured.update(heldout_step=report.step, heldout_accuracy_per_step=report.heldout)
+                held = measured.get("heldout_accuracy_per_step")
+                progress.update(task, advance=1, loss=smooth["loss"], acc=_accuracies(smooth["acc"][:4]),
+                                held=_accuracies(held[:4]) if held else "-")
 
-            fit(head, source, dataset, options, world, on_step, save)
-        console.print(f"training accuracy per TTT step (last step): {', '.join(f'{a:.2f}' for a in last.accuracies)}; "
-                      f"wrote {layout} head to {output}")
+            fit(head, source, dataset, options, world, on_step, save, heldout_set)
+        console.print(f"training accuracy per TTT step (last step): {_accuracies(last.accuracies, ', ')}; "
+                      + (f"held-out: {_accuracies(last.heldout, ', ')}; " if last.heldout else "")
+                      + f"wrote {layout} head to {output}")
     finally:
         leave(world)
+
+
+def _accuracies(values: list[float], sep: str = " ") -> str:
+    return sep.join(f"{a:.2f}" for a in values)
 
 
 def _continued_head(path: str, target_config: dict[str, Any], fused: tuple[int, ...]) -> Any:

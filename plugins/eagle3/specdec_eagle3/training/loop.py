@@ -64,6 +64,9 @@ class FitOptions:
     max_grad_norm: float = 0.5
     seed: int = 0
     save_every: int = 0
+    #: Measure held-out accuracy every this many steps (and at the end) when ``fit`` is given
+    #: held-out conversations; 0: at the end only.
+    eval_every: int = 0
 
 
 @dataclass
@@ -71,6 +74,8 @@ class StepReport:
     step: int
     loss: float
     accuracies: list[float]
+    #: Top-1 agreement per TTT step on the held-out conversations, on steps that measured it.
+    heldout: list[float] | None = None
 
 
 def _schedule(options: FitOptions) -> Callable[[int], float]:
@@ -91,12 +96,16 @@ def fit(
     world: World,
     on_step: Callable[[StepReport], None] | None = None,
     on_save: Callable[[int], None] | None = None,
+    heldout: torch.utils.data.Dataset | None = None,
 ) -> StepReport:
     """Train ``head`` in place for ``options.steps`` optimizer steps; returns the last step's report.
 
     ``source`` turns a batch into target signals (``OfflineTarget`` or ``OnlineTarget``). Each rank
     reads its own share of ``dataset``; gradients are averaged over ranks before each step.
     ``on_save(step)`` is called on rank 0 every ``options.save_every`` steps and at the end.
+    With ``heldout`` conversations, the report of every ``options.eval_every``-th step and of the
+    last carries the head's per-step top-1 agreement on them (:func:`evaluate`): training
+    accuracy alone cannot tell learning from memorizing.
     """
     head.train()
     broadcast_parameters(head, world)
@@ -129,12 +138,31 @@ def fit(
         k = options.ttt_steps
         correct, counts = totals[1 : 1 + k], totals[1 + k :]
         report = StepReport(step, totals[0] / world.size, [c / n if n else 0.0 for c, n in zip(correct, counts)])
+        if heldout is not None and (step == options.steps or (options.eval_every and step % options.eval_every == 0)):
+            report.heldout = evaluate(head, source, heldout, options, world)
+            head.train()
         if on_step is not None and world.is_main:
             on_step(report)
         if on_save is not None and world.is_main and (step == options.steps or (options.save_every and step % options.save_every == 0)):
             on_save(step)
     head.eval()
     return report
+
+
+@torch.no_grad()
+def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, options: FitOptions, world: World) -> list[float]:
+    """Top-1 agreement with the target per TTT step over ``dataset`` (each rank a share), as in training."""
+    head.eval()
+    k = options.ttt_steps
+    totals = [0.0] * (2 * k)
+    items = list(range(world.rank, len(dataset), world.size))
+    for start in range(0, len(items), options.batch_size):
+        signals = source.signals(collate([dataset[i] for i in items[start : start + options.batch_size]]))
+        result = ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
+                             signals.draft_logits, signals.target_argmax, k)
+        totals = [t + v for t, v in zip(totals, [*result.correct, *result.counts])]
+    totals = sum_across(totals, world)
+    return [c / n if n else 0.0 for c, n in zip(totals[:k], totals[k:])]
 
 
 def export(head: Eagle3Head, output: str, layout: Literal["safeailab", "speculators"], dtype: torch.dtype,
