@@ -7,11 +7,15 @@ plain lines every ``log_every`` seconds instead, so a background job's log shows
 
 from __future__ import annotations
 
+import io
 import time
 from typing import Any
 
 from rich import progress as rich_progress
+from rich.console import Console
 from rich.progress import ProgressColumn, TaskID
+
+LOG_WIDTH = 160
 
 
 class Progress(rich_progress.Progress):
@@ -35,4 +39,7 @@ class Progress(rich_progress.Progress):
             return
         self._logged = time.monotonic()
         task = next(t for t in self.tasks if t.id == task_id)
-        self.console.print(self.make_tasks_table([task]), soft_wrap=True)
+        # A log file has no width of its own, and rich's default of 80 columns cuts fields short.
+        line = Console(file=io.StringIO(), width=max(self.console.width, LOG_WIDTH), color_system=None)
+        line.print(self.make_tasks_table([task]))
+        self.console.out(line.file.getvalue().rstrip(), highlight=False)
