@@ -217,7 +217,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
             (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
         last = StepReport(0, float("nan"), [])
-        #: The latest held-out measurement, for training.json.
+        # The latest held-out measurement, for training.json.
         measured: dict[str, Any] = {}
         with _progress(console, "training", "loss {task.fields[loss]:.3f}", "acc {task.fields[acc]}",
                        "held-out {task.fields[held]}") as progress:
