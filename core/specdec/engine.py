@@ -232,16 +232,16 @@ class Engine:
                 cache.move_entries(row, path, starts[row] + 1)
         runner.rollback_rows(cache, [len(p) - res.num_accepted for p, res in zip(proposals, results)])
         verified = time.perf_counter()
+        outcomes = []
         for request, proposal, result in zip(batch, proposals, results):
             request.metrics.record_step(len(proposal), result.num_accepted)
             if len(proposal):
-                request.acceptance.update(_depth(proposal), result.num_accepted)
+                outcomes.append((_depth(proposal), result.num_accepted))
+                request.acceptance.update(*outcomes[-1])
             else:
                 request.acceptance.skip()
             self._append(request, result.emitted(proposal))
-        self.acceptance.record_batch(
-            [(_depth(p), r.num_accepted) for p, r in zip(proposals, results, strict=True) if len(p)]
-        )
+        self.acceptance.record_batch(outcomes)
         self.hook.specdec_accept(config=config, requests=batch, results=results, resource_manager=self.resource_manager)
         done = time.perf_counter()
         for request in batch:

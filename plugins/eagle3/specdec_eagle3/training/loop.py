@@ -15,7 +15,7 @@ from specdec_eagle3.checkpoint import save_head
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 from specdec_eagle3.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec_eagle3.training.sources import collate
-from specdec_eagle3.training.ttt import ttt_forward
+from specdec_eagle3.training.ttt import TTTResult, agreement, ttt_forward
 
 #: Target config fields the head's decoder layer copies (attention shape, MLP, norms, RoPE, vocabulary).
 _LAYER_FIELDS = (
@@ -124,9 +124,7 @@ def fit(
             epoch += 1
             batches = iter(loader)
             batch = next(batches)
-        signals = source.signals(batch)
-        result = ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
-                             signals.draft_logits, signals.target_argmax, options.ttt_steps)
+        result = _unroll(head, source, batch, options.ttt_steps)
         loss = result.total(options.loss_decay)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -137,7 +135,7 @@ def fit(
         totals = sum_across([float(loss.detach()), *result.correct, *result.counts], world)
         k = options.ttt_steps
         correct, counts = totals[1 : 1 + k], totals[1 + k :]
-        report = StepReport(step, totals[0] / world.size, [c / n if n else 0.0 for c, n in zip(correct, counts)])
+        report = StepReport(step, totals[0] / world.size, agreement(correct, counts))
         if heldout is not None and (step == options.steps or (options.eval_every and step % options.eval_every == 0)):
             report.heldout = evaluate(head, source, heldout, options, world)
             head.train()
@@ -157,12 +155,17 @@ def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, o
     totals = [0.0] * (2 * k)
     items = list(range(world.rank, len(dataset), world.size))
     for start in range(0, len(items), options.batch_size):
-        signals = source.signals(collate([dataset[i] for i in items[start : start + options.batch_size]]))
-        result = ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
-                             signals.draft_logits, signals.target_argmax, k)
+        result = _unroll(head, source, collate([dataset[i] for i in items[start : start + options.batch_size]]), k)
         totals = [t + v for t, v in zip(totals, [*result.correct, *result.counts])]
     totals = sum_across(totals, world)
-    return [c / n if n else 0.0 for c, n in zip(totals[:k], totals[k:])]
+    return agreement(totals[:k], totals[k:])
+
+
+def _unroll(head: Eagle3Head, source: Any, batch: dict[str, torch.Tensor], steps: int) -> TTTResult:
+    """The training-time test on one collated batch: the target's signals, then the head unrolled."""
+    signals = source.signals(batch)
+    return ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
+                       signals.draft_logits, signals.target_argmax, steps)
 
 
 def export(head: Eagle3Head, output: str, layout: Literal["safeailab", "speculators"], dtype: torch.dtype,

@@ -23,7 +23,7 @@ assistant token and whose target argmax lies in the draft vocabulary; step ``k``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +72,12 @@ class TTTResult:
 
     @property
     def accuracies(self) -> list[float]:
-        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
+        return agreement(self.correct, self.counts)
+
+
+def agreement(correct: Sequence[float], counts: Sequence[float]) -> list[float]:
+    """Top-1 agreement per step from correct and scored counts (0 where a step scored nothing)."""
+    return [c / n if n else 0.0 for c, n in zip(correct, counts, strict=True)]
 
 
 def unrolled_rows(teach: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
