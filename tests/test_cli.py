@@ -119,6 +119,9 @@ def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> N
         assert summary["overall"][key] is not None
     assert summary["overall"]["outputs_match"] == 1.0
     assert summary["b"]["num_turns"] == 4
+    # Each turn is timed alone: 4 timed runs in "b", so its speedup gets an interval around it.
+    low, high = summary["b"]["speedup_ci95"]
+    assert summary["b"]["num_timed_runs"] == 4 and low <= summary["b"]["speedup"] <= high
     assert out.with_suffix(".png").stat().st_size > 0
 
 
@@ -141,6 +144,10 @@ def test_bench_batch_size_compares_batched_throughput(tiny_dir: Path, tmp_path: 
     assert summary["b"]["num_turns"] == 6 and summary["overall"]["outputs_match"] == 1.0
     assert summary["b"]["num_rounds"] == 12
     assert sorted(t["round"] for t in payload["turns"] if t["question_id"] == "1") == [0, 0, 1, 1]
+    # Requests of one batch share a timing: "b" is 2 batches per turn, 2 turns, 2 rounds.
+    assert summary["b"]["num_timed_runs"] == 8
+    low, high = summary["overall"]["speedup_ci95"]
+    assert low <= summary["overall"]["speedup"] <= high
     assert summary["overall"]["speedup"] > 0 and "speedup_vs_hf" not in summary["overall"]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
+from specdec.bench.interval import TimedPair, speedup_interval
 from specdec.bench.runner import HF, PLAIN, SPEC, TurnResult
 from specdec.metrics import aggregate
 
@@ -17,14 +18,33 @@ def _throughput(results: list[TurnResult], mode: str) -> float:
     return tokens / seconds if seconds else 0.0
 
 
+def _timed_pairs(results: list[TurnResult], mode: str) -> list[TimedPair]:
+    """One pair per timed run (a turn, or a batch, in one round) of ``mode`` against plain decoding."""
+    runs: dict[tuple, list[TurnResult]] = {}
+    for r in results:
+        runs.setdefault(r.timing, []).append(r)
+    return [
+        TimedPair(
+            sum(len(r.runs[mode].tokens) for r in group), sum(r.runs[mode].seconds for r in group),
+            sum(len(r.runs[PLAIN].tokens) for r in group), sum(r.runs[PLAIN].seconds for r in group),
+        )
+        for group in runs.values()
+    ]
+
+
 def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
-    """Spec-Bench's speedup (throughput ratio over the group) and vLLM's acceptance metrics."""
+    """Spec-Bench's speedup (throughput ratio over the group), its bootstrap interval over the
+    group's timed runs, and vLLM's acceptance metrics."""
     plain, spec = _throughput(results, PLAIN), _throughput(results, SPEC)
     m = aggregate(r.runs[SPEC].metrics for r in results)
+    pairs = _timed_pairs(results, SPEC)
+    interval = speedup_interval(pairs)
     summary: dict[str, Any] = {
         "num_turns": len({(r.question_id, r.turn) for r in results}),
         "num_rounds": len(results),
+        "num_timed_runs": len(pairs),
         "speedup": spec / plain if plain else None,
+        "speedup_ci95": list(interval) if interval else None,
         "tokens_per_second": spec,
         "plain_tokens_per_second": plain,
         # Spec-Bench: tokens per target forward in decoding (accepted drafts + 1 per step).
@@ -59,11 +79,13 @@ def _fmt(value: Any, spec: str) -> str:
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     has_hf = "speedup_vs_hf" in summary["overall"]
     table = Table(title=title)
-    for col in ["category", "turns", "speedup", *(["vs hf", "hf speedup"] if has_hf else []),
+    for col in ["category", "turns", "speedup", "95% interval", *(["vs hf", "hf speedup"] if has_hf else []),
                 "tok/s", "mean acc. tokens", "accept rate", "outputs match", "overhead"]:
         table.add_column(col, justify="left" if col == "category" else "right")
     for cat, s in summary.items():
-        row = [cat, str(s["num_turns"]), _fmt(s["speedup"], ".2f") + "x"]
+        interval = s["speedup_ci95"]
+        row = [cat, str(s["num_turns"]), _fmt(s["speedup"], ".2f") + "x",
+               f"{interval[0]:.2f}-{interval[1]:.2f}x" if interval else "-"]
         if has_hf:
             row += [_fmt(s.get("speedup_vs_hf"), ".2f") + "x", _fmt(s.get("hf_speedup"), ".2f") + "x"]
         match = s["outputs_match"]
@@ -84,10 +106,16 @@ def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> 
     series = {"vs plain decoding": [summary[c]["speedup"] or 0 for c in cats]}
     if "speedup_vs_hf" in summary["overall"]:
         series["vs transformers' peer"] = [summary[c].get("speedup_vs_hf") or 0 for c in cats]
+    # The speedup's 95% bootstrap interval as an error bar (none where it could not be computed).
+    errors = []
+    for c in cats:
+        speedup, interval = summary[c]["speedup"], summary[c]["speedup_ci95"]
+        errors.append((speedup - interval[0], interval[1] - speedup) if speedup and interval else (0.0, 0.0))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cats)) + 2.5, 4))
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
-        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label)
+        yerr = list(zip(*errors, strict=True)) if i == 0 else None
+        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label, yerr=yerr, capsize=3)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right")
     ax.set_ylabel("speedup (x)")

@@ -48,6 +48,16 @@ class TurnResult:
     runs: dict[str, Run]
     #: Which of the ``repeats`` rounds of this turn (0 for the first).
     round: int = 0
+    #: Which batch of the run the request was timed in; ``None`` at batch size 1, where each
+    #: turn is timed alone. Requests of one batch and round share one timing.
+    batch: int | None = None
+
+    @property
+    def timing(self) -> tuple:
+        """Identifies the timed run this result's seconds come from."""
+        if self.batch is None:
+            return (self.question_id, self.turn, self.round)
+        return (self.batch, self.round)
 
 
 class HFPeer:
@@ -149,6 +159,7 @@ def run_batched_benchmark(
     results = []
     llms = {PLAIN: plain, SPEC: spec}
     order = list(llms)
+    batch_index = 0
     for turn in range(max_turns):
         for category in categories:
             group = [q for q in questions if q.category == category and len(q.turns) > turn]
@@ -164,11 +175,14 @@ def run_batched_benchmark(
                     order = order[1:] + order[:1]
                     rounds.append(runs)
                     for i, q in enumerate(batch):
-                        result = TurnResult(q.question_id, category, turn, {mode: runs[mode][i] for mode in runs}, round_)
+                        result = TurnResult(
+                            q.question_id, category, turn, {mode: runs[mode][i] for mode in runs}, round_, batch_index
+                        )
                         results.append(result)
                         if on_turn:
                             on_turn(result)
                 for i, q in enumerate(batch):
                     answer = plain.tokenizer.decode(rounds[0][PLAIN][i].tokens, skip_special_tokens=True)
                     conversations[q.question_id].append({"role": "assistant", "content": answer})
+                batch_index += 1
     return results

@@ -98,7 +98,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "hf_kwargs": sorted(hf.kwargs) if hf else None,
             "summary": summary,
             "turns": [
-                {"question_id": r.question_id, "category": r.category, "turn": r.turn, "round": r.round,
+                {"question_id": r.question_id, "category": r.category, "turn": r.turn, "round": r.round, "batch": r.batch,
                  "runs": {m: {"num_tokens": len(run.tokens), "seconds": run.seconds, "metrics": run.metrics.to_dict() if run.metrics else None} for m, run in r.runs.items()}}
                 for r in results
             ],
