@@ -100,6 +100,24 @@ def build_draft(target: torch.nn.Module, layers: list[int]) -> torch.nn.Module:
     return draft
 
 
+def load_trained(draft: torch.nn.Module, weights: Path, layers: list[int]) -> int:
+    """Load tensors written by :func:`save` into ``draft`` (built from ``layers``) to continue
+    training them; returns the steps they had been trained for."""
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        meta = f.metadata() or {}
+        state = {name: f.get_tensor(name).float() for name in f.keys()}
+    if meta.get("source_layers") != ",".join(map(str, layers)):
+        raise ConfigError(f"--init: {weights} was trained from target layers {meta.get('source_layers')}, "
+                          f"not --layers {','.join(map(str, layers))}")
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {EMBEDDING, "lm_head.weight"}:
+        raise ConfigError(f"--init: {weights} does not fit this target's draft (missing {sorted(missing)[:3]}, "
+                          f"unexpected {sorted(unexpected)[:3]})")
+    return int(meta.get("steps", 0))
+
+
 def trained_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What ships: every tensor but the (frozen, target-owned) embedding and output layer."""
     return {name: t.detach().to(torch.bfloat16).contiguous() for name, t in draft.state_dict().items()
@@ -169,6 +187,8 @@ def evaluate(draft: torch.nn.Module, examples: list[Example], pad: int, device: 
 
 
 def save(draft: torch.nn.Module, path: Path, layers: list[int], steps: int, accuracy: float) -> None:
+    """Write the trained tensors; ``steps`` counts every step they were trained for, including
+    those of a run continued with ``--init``."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +213,9 @@ def save(draft: torch.nn.Module, path: Path, layers: list[int], steps: int, accu
 @click.option("--model", default=None, help="Target: HF id or local dir (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")
 @click.option("--layers", default="0,1,2,3,28,29", show_default=True, help="Target decoder layers the draft starts from.")
+@click.option("--init", "init_weights", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Continue from tensors this command wrote (e.g. the shipped draft) instead of the target's layers; "
+                   "they must come from the same --layers.")
 @click.option("--steps", type=int, default=600, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--max-length", type=int, default=512, show_default=True, help="Truncate conversations to this many tokens.")
@@ -202,7 +225,7 @@ def save(draft: torch.nn.Module, path: Path, layers: list[int], steps: int, accu
 @click.option("--heldout", type=int, default=64, show_default=True, help="Conversations held out to measure agreement.")
 @click.option("--eval-every", type=int, default=100, show_default=True, help="Measure and save every this many steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def train_draft(data_paths, prompt_paths, output, model, device, layers, steps, batch_size, max_length, loss_kind, lr, heldout, eval_every, seed) -> None:
+def train_draft(data_paths, prompt_paths, output, model, device, layers, init_weights, steps, batch_size, max_length, loss_kind, lr, heldout, eval_every, seed) -> None:
     """Distil a small draft model from the target's own replies."""
     try:
         layer_ids = [int(x) for x in layers.split(",") if x.strip()]
@@ -231,7 +254,9 @@ def train_draft(data_paths, prompt_paths, output, model, device, layers, steps, 
             train += tokenize(extra, tokenizer, max_length, True)
         if not train:
             raise ConfigError("--data: no conversation ends in an assistant reply to train on")
-        draft = build_draft(target, layer_ids).to(dev).train()
+        draft = build_draft(target, layer_ids)
+        done = load_trained(draft, Path(init_weights), layer_ids) if init_weights else 0
+        draft = draft.to(dev).train()
         teacher = target.requires_grad_(False) if loss_kind == "kl" else None
         del target
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -241,7 +266,8 @@ def train_draft(data_paths, prompt_paths, output, model, device, layers, steps, 
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     trainable = sum(p.numel() for p in params)
-    console.print(f"draft: {len(layer_ids)} layers from target layers {layer_ids}, {trainable / 1e6:.1f}M trained "
+    start = f"continuing {init_weights} ({done} steps)" if init_weights else f"from target layers {layer_ids}"
+    console.print(f"draft: {len(layer_ids)} layers {start}, {trainable / 1e6:.1f}M trained "
                   f"parameters; {len(train)} training / {len(held)} held-out conversations")
     accuracy = evaluate(draft, held, pad, dev, autocast) if held else float("nan")
     console.print(f"held-out top-1 agreement before training: {accuracy:.3f}")
@@ -270,6 +296,6 @@ def train_draft(data_paths, prompt_paths, output, model, device, layers, steps, 
             if step % eval_every == 0 or step == steps:
                 if held:
                     accuracy = evaluate(draft, held, pad, dev, autocast)
-                save(draft, Path(output), layer_ids, step, accuracy)
+                save(draft, Path(output), layer_ids, done + step, accuracy)
             progress.update(task, advance=1, loss=running, agree=accuracy)
     console.print(f"held-out top-1 agreement after {steps} steps: {accuracy:.3f}; wrote {output}")

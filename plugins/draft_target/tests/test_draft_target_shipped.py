@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
+from specdec.errors import ConfigError
 from specdec.training.synthesize import synthesize, SynthesisOptions
 from specdec_draft_target.shipped import EMBEDDING, assemble_draft
 from specdec_draft_target.train import build_draft, save as save_trained
@@ -57,7 +58,8 @@ def test_assembled_draft_equals_trained_draft(tied_target, tmp_path: Path) -> No
 
 
 def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> None:
-    """`specdec train draft` on synthesized tiny data: runs, reports progress, ships bf16 layers."""
+    """`specdec train draft` on synthesized tiny data: runs, reports progress, ships bf16 layers;
+    `--init` continues those tensors (counting their steps) and refuses them for other layers."""
     from click.testing import CliRunner
 
     from specdec_draft_target.train import train_draft
@@ -76,3 +78,29 @@ def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> No
         assert f.metadata()["steps"] == "3"
         assert {n.split(".")[0] for n in f.keys()} == {"model"}
         assert not any(".layers.1." in n for n in f.keys())
+
+    # Tensors far from the target's layers: continuing must start from them, and an lr that small
+    # leaves them where they are.
+    moved = build_draft(model, [0])
+    with torch.no_grad():
+        for p in moved.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    init = tmp_path / "init.safetensors"
+    save_trained(moved, init, [0], steps=7, accuracy=0.0)
+    common = ["--data", str(data), "--model", str(target_dir), "--batch-size", "2", "--heldout", "1", "--device", "cpu"]
+    more = tmp_path / "more.safetensors"
+    result = CliRunner().invoke(train_draft, [*common, "--init", str(init), "--output", str(more), "--layers", "0",
+                                              "--steps", "2", "--eval-every", "2", "--lr", "1e-9"])
+    assert result.exit_code == 0, result.output
+    assert "continuing" in result.output
+    with safe_open(str(more), "pt") as f, safe_open(str(init), "pt") as g:
+        assert f.metadata()["steps"] == "9"
+        assert set(f.keys()) == set(g.keys())
+        for name in f.keys():
+            torch.testing.assert_close(f.get_tensor(name), g.get_tensor(name), atol=1e-2, rtol=0)
+
+    result = CliRunner().invoke(train_draft, [*common, "--init", str(init), "--output", str(more), "--layers", "0,1",
+                                              "--steps", "1"])
+    assert isinstance(result.exception, ConfigError)
+    assert "trained from target layers 0, not --layers 0,1" in str(result.exception)
