@@ -76,3 +76,46 @@ def test_cli_writes_the_sample_and_rejects_bad_input(tiny, tmp_path: Path, capsy
     assert main(["synthesize", "--input", str(tmp_path / "missing.jsonl"), "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert "batch_size and max_new_tokens must be at least 1" in err and "missing.jsonl" in err
+
+
+def test_every_user_turn_is_answered_by_the_target(tmp_path: Path) -> None:
+    """A two-turn conversation: the input's assistant turn is dropped, the target answers turn 1,
+    then turn 2 after its own first reply, each reply exactly plain greedy decoding of the same
+    messages; the system prompt replaces the input's. A reply cut by max_new_tokens ends the
+    conversation."""
+    import torch
+
+    from specdec.testing import make_tiny_target
+
+    tiny = make_tiny_target(seed=0)
+    system = {"role": "system", "content": "be brief"}
+    first = [system, {"role": "user", "content": "hello there"}]
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    reply = plain.generate([first], SamplingParams(max_tokens=8))[0].token_ids
+    # Make the tiny model stop where it would have said reply[2]: the end-of-sequence row becomes
+    # that token's, scaled up, so the first reply ends after two tokens instead of being cut.
+    stop_at = reply[2]
+    assert stop_at not in reply[:2]
+    with torch.no_grad():
+        tiny.model.lm_head.weight[2] = 1.5 * tiny.model.lm_head.weight[stop_at]
+
+    record = {"conversation_id": "m", "conversations": [
+        {"role": "system", "content": "ignored"}, {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": "another model's words"}, {"role": "user", "content": "and then?"}]}
+    out = tmp_path / "out.jsonl"
+    options = SynthesisOptions(max_new_tokens=8, batch_size=2, system_prompt="be brief")
+    assert synthesize(tiny.model, tiny.tokenizer, [record], out, options) == 1
+    turns = json.loads(out.read_text())["conversations"]
+    assert [t["role"] for t in turns] == ["system", "user", "assistant", "user", "assistant"]
+    assert turns[0] == system and "another model's words" not in json.dumps(turns)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    answer = plain.generate([first], SamplingParams(max_tokens=8))[0]
+    assert answer.finish_reason == "stop" and len(answer.token_ids) == 2
+    assert turns[2]["content"] == answer.text
+    second = plain.generate([turns[:4]], SamplingParams(max_tokens=8))[0]
+    assert turns[4]["content"] == second.text
+
+    # Without the early stop every reply runs to max_new_tokens: the first one ends the conversation.
+    cut = tmp_path / "cut.jsonl"
+    assert synthesize(make_tiny_target(seed=0).model, tiny.tokenizer, [record], cut, options) == 1
+    assert [t["role"] for t in json.loads(cut.read_text())["conversations"]] == ["system", "user", "assistant"]

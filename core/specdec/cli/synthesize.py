@@ -20,17 +20,18 @@ from specdec.training.synthesize import SynthesisOptions, done_ids, read_convers
 @click.option("--input", "input_path", required=True, type=click.Path(dir_okay=False),
               help="Conversations jsonl (conversation_id, conversations: [{role, content}]).")
 @click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False),
-              help="Conversations jsonl to append the target's replies to (resumes if it exists).")
+              help="Conversations jsonl to append the answered conversations to (resumes if it exists).")
 @click.option("--limit", type=int, default=None, help="Answer a seeded random sample of this many conversations (default: all, in a seeded random order).")
 @click.option("--max-new-tokens", type=int, default=256, show_default=True)
-@click.option("--max-prompt-tokens", type=int, default=512, show_default=True, help="Skip longer prompts.")
+@click.option("--max-prompt-tokens", type=int, default=512, show_default=True, help="A conversation ends before a longer prompt (skipped if its first one is).")
 @click.option("--batch-size", type=int, default=32, show_default=True, help="Requests decoded together (continuous batching).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--system-prompt", default=None, help="System turn for every conversation (replaces the input's).")
 def synthesize(model, dtype, device, input_path, output_path, limit, max_new_tokens, max_prompt_tokens, batch_size,
-               temperature, top_p, seed) -> None:
-    """Generate the target's own answers to the prompts in --input, as training data."""
+               temperature, top_p, seed, system_prompt) -> None:
+    """Generate the target's own answers to every user turn in --input, as training data."""
     if limit is not None and limit < 1:
         raise ConfigError("--limit must be at least 1")
     if temperature < 0 or not 0 < top_p <= 1:
@@ -40,7 +41,7 @@ def synthesize(model, dtype, device, input_path, output_path, limit, max_new_tok
     records = random.Random(seed).sample(records, min(limit or len(records), len(records)))
     pending = len(records) - len({str(r["conversation_id"]) for r in records} & done_ids(output_path))
     options = SynthesisOptions(max_new_tokens=max_new_tokens, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
-                               temperature=temperature, top_p=top_p, seed=seed)
+                               temperature=temperature, top_p=top_p, seed=seed, system_prompt=system_prompt)
     quiet_transformers()
     console = Console(stderr=True)
     with console.status("loading model"):
@@ -57,4 +58,4 @@ def synthesize(model, dtype, device, input_path, output_path, limit, max_new_tok
 
         written = run_synthesis(target, tokenizer, records, output_path, options, on_batch)
     console.print(f"wrote {written} conversations ({counted['tokens']} generated tokens) to {output_path}; "
-                  f"{pending - written} skipped as longer than {max_prompt_tokens} prompt tokens")
+                  f"{pending - written} skipped: their first prompt is longer than {max_prompt_tokens} tokens")

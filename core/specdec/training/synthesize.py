@@ -2,20 +2,26 @@
 
 Input and output are conversations jsonl in the format of TensorRT Model Optimizer's speculative
 training recipes: one object per line with ``conversation_id`` and ``conversations`` (a list of
-``{"role", "content"}``). For each input conversation the target generates the reply to its last
-user turn (any later assistant turn is replaced), and the output line carries the conversation
-with that reply appended plus the input's other fields.
+``{"role", "content"}``). As ModelOpt's chat-mode generation does, the target answers every user
+turn in order, each reply following its own earlier replies: the input's assistant turns (written
+by some other model, or by people) are dropped, so every assistant token in the output is the
+target's. An optional system prompt replaces the input's system turn. A conversation ends early
+at a reply cut off by ``max_new_tokens`` (kept, but no user turn follows it) or at a turn whose
+prompt is longer than ``max_prompt_tokens``. The output line carries the conversation so
+answered plus the input's other fields.
 
 Generation runs on specdec's own engine with continuous batching (a finished reply leaves the
 batch and the next prompt joins, so no row waits for the longest reply in its batch) and is greedy
-unless a temperature is given. The output is appended to and flushed after every chunk of
-prompts; conversations whose id is already in it are skipped, so an interrupted run resumes
-where it stopped.
+unless a temperature is given; a sampled reply's seed comes from the run's seed, the
+conversation's id and the turn, so a resumed run draws what an uninterrupted one would. The
+output is appended to and flushed after every chunk of conversations; conversations whose id is
+already in it are skipped, so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,8 @@ class SynthesisOptions:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    #: Replaces the input's system turn (``None``: keep the input's, if any).
+    system_prompt: str | None = None
 
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
@@ -91,26 +99,50 @@ def prompt_turns(record: dict[str, Any]) -> list[dict[str, str]]:
     return [{"role": t["role"], "content": t["content"]} for t in turns[: last_user + 1]]
 
 
+class _Conversation:
+    """One input conversation being answered turn by turn."""
+
+    def __init__(self, record: dict[str, Any], system_prompt: str | None) -> None:
+        self.record = record
+        turns = record["conversations"]
+        system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else [
+            {"role": "system", "content": t["content"]} for t in turns[:1] if t["role"] == "system"]
+        self.messages: list[dict[str, str]] = system
+        self.questions = [t["content"] for t in turns if t["role"] == "user"]
+        self.answered = 0
+        self.ended = False
+
+    def next_prompt(self) -> list[dict[str, str]] | None:
+        """The conversation up to its next user turn, or ``None`` when it is done."""
+        if self.ended or self.answered == len(self.questions):
+            return None
+        return [*self.messages, {"role": "user", "content": self.questions[self.answered]}]
+
+    def answer(self, text: str, cut: bool) -> None:
+        self.messages += [{"role": "user", "content": self.questions[self.answered]}, {"role": "assistant", "content": text}]
+        self.answered += 1
+        self.ended = cut
+
+
+def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output: str | Path,
                options: SynthesisOptions, on_batch: Callable[[int, int], None] | None = None) -> int:
-    """Append the target's replies to ``records`` to ``output``; returns how many were written.
+    """Append the target's answers to ``records`` to ``output``; returns how many conversations
+    were written.
 
     ``options.batch_size`` requests decode together; ``on_batch(conversations, new_tokens)`` is
-    called after each chunk written (progress display). Prompts longer than
-    ``options.max_prompt_tokens`` are skipped: they cost most and teach a short-context drafter least.
+    called after each chunk written (progress display). A conversation whose first prompt is
+    longer than ``options.max_prompt_tokens`` is skipped: long prompts cost most and teach a
+    short-context drafter least.
     """
     if options.batch_size < 1 or options.max_new_tokens < 1:
         raise ConfigError("batch_size and max_new_tokens must be at least 1")
     skip = done_ids(output)
-    todo = []
-    for record in records:
-        if str(record["conversation_id"]) in skip:
-            continue
-        ids = tokenizer.apply_chat_template(prompt_turns(record), add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        if len(ids) <= options.max_prompt_tokens:
-            todo.append((record, list(ids)))
+    todo = [record for record in records if str(record["conversation_id"]) not in skip]
     written = 0
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -118,15 +150,34 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
     with LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size) as llm, \
             output.open("a", encoding="utf-8") as sink:
         for start in range(0, len(todo), chunk):
-            batch = todo[start : start + chunk]
-            params = [SamplingParams(max_tokens=options.max_new_tokens, temperature=options.temperature,
-                                     top_p=options.top_p, seed=options.seed + start + i) for i in range(len(batch))]
-            replies = llm.generate([{"prompt_token_ids": ids} for _, ids in batch], params)
-            for (record, _), reply in zip(batch, replies):
-                turns = prompt_turns(record) + [{"role": "assistant", "content": reply.text}]
-                sink.write(json.dumps({**record, "conversations": turns}, ensure_ascii=False) + "\n")
+            conversations = [_Conversation(record, options.system_prompt) for record in todo[start : start + chunk]]
+            tokens = 0
+            # One round per turn: every conversation still going answers its next user turn.
+            while True:
+                asked = []
+                for conversation in conversations:
+                    messages = conversation.next_prompt()
+                    if messages is None:
+                        continue
+                    ids = _encode(tokenizer, messages)
+                    if len(ids) > options.max_prompt_tokens:
+                        conversation.ended = True
+                        continue
+                    seed = random.Random(f"{options.seed}/{conversation.record['conversation_id']}/{conversation.answered}")
+                    params = SamplingParams(max_tokens=options.max_new_tokens, temperature=options.temperature,
+                                            top_p=options.top_p, seed=seed.getrandbits(31))
+                    asked.append((conversation, {"prompt_token_ids": ids}, params))
+                if not asked:
+                    break
+                replies = llm.generate([prompt for _, prompt, _ in asked], [params for _, _, params in asked])
+                for (conversation, _, _), reply in zip(asked, replies):
+                    conversation.answer(reply.text, reply.finish_reason == "length")
+                    tokens += len(reply.token_ids)
+            done = [c for c in conversations if c.answered]
+            for conversation in done:
+                sink.write(json.dumps({**conversation.record, "conversations": conversation.messages}, ensure_ascii=False) + "\n")
             sink.flush()
-            written += len(batch)
+            written += len(done)
             if on_batch is not None:
-                on_batch(len(batch), sum(len(r.token_ids) for r in replies))
+                on_batch(len(conversations), tokens)
     return written

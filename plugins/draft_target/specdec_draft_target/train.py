@@ -8,7 +8,7 @@ answered itself (``specdec synthesize`` output). Two losses:
 - ``kl`` (default): KL divergence from the target's next-token distribution, computed by the
   target in the same step, at every position of the conversation (prompt and reply): soft
   labels and every position teach, which matters when synthesized data is scarce (a CPU).
-- ``ce``: cross-entropy on the reply tokens only (the target's greedy tokens); no teacher forward.
+- ``ce``: cross-entropy on the tokens of every assistant turn (the target's own replies); no teacher forward.
 
 Only the trained tensors are saved (bfloat16 safetensors, which the plugin ships and assembles
 with the target's embedding).
@@ -20,7 +20,6 @@ import math
 import random
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,43 +31,25 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
+from specdec.training.conversations import Example, tokenize_all
 from specdec.training.synthesize import prompt_turns, read_conversations
 from specdec_draft_target.shipped import EMBEDDING, WEIGHTS_FILE
 
 
-@dataclass
-class Example:
-    token_ids: list[int]
-    #: Index of the first reply token: the loss covers positions predicting tokens from here on.
-    reply_start: int
-    conversation_id: str = ""
-
-
 def tokenize(records: list[dict[str, Any]], tokenizer: Any, max_length: int, prompts_only: bool = False) -> list[Example]:
-    """Conversations ending in the target's reply -> token ids and where the reply starts.
+    """Conversations -> token ids with every assistant token marked for the ``ce`` loss.
 
     ``prompts_only`` instead takes each conversation's prompt (up to its last user turn, with
     the generation prompt): text with no reply, useful to the ``kl`` loss only.
     """
+    if not prompts_only:
+        return tokenize_all(records, tokenizer, max_length)
     examples = []
     for record in records:
-        turns = record["conversations"]
-        if prompts_only:
-            ids = tokenizer.apply_chat_template(prompt_turns(record), add_generation_prompt=True, tokenize=True)
-            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)[:max_length]
-            examples.append(Example(ids, len(ids), str(record["conversation_id"])))
-            continue
-        if turns[-1]["role"] != "assistant":
-            continue
-        prompt = tokenizer.apply_chat_template(prompt_turns(record), add_generation_prompt=True, tokenize=True)
-        full = tokenizer.apply_chat_template(turns, tokenize=True)
-        prompt, full = (x["input_ids"] if hasattr(x, "keys") else x for x in (prompt, full))
-        if len(full) <= len(prompt) or list(full[: len(prompt)]) != list(prompt):
-            continue
-        start = len(prompt)
-        if start >= max_length - 1:
-            continue
-        examples.append(Example(list(full[:max_length]), start, str(record["conversation_id"])))
+        ids = tokenizer.apply_chat_template(prompt_turns(record), add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)[:max_length]
+        examples.append(Example(str(record["conversation_id"]), torch.tensor(ids, dtype=torch.long),
+                                torch.zeros(len(ids), dtype=torch.bool)))
     return examples
 
 
@@ -125,15 +106,15 @@ def trained_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _batch(examples: list[Example], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    width = max(len(e.token_ids) for e in examples)
+    """Padded ids, attention and ``loss_mask[p]``: position ``p`` predicts an assistant token."""
+    width = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), width), pad, dtype=torch.long)
     attention = torch.zeros((len(examples), width), dtype=torch.long)
     loss_mask = torch.zeros((len(examples), width), dtype=torch.bool)
     for row, e in enumerate(examples):
-        ids[row, : len(e.token_ids)] = torch.tensor(e.token_ids)
-        attention[row, : len(e.token_ids)] = 1
-        # Position p predicts token p + 1: positions reply_start - 1 .. len - 2.
-        loss_mask[row, e.reply_start - 1 : len(e.token_ids) - 1] = True
+        ids[row, : len(e.input_ids)] = e.input_ids
+        attention[row, : len(e.input_ids)] = 1
+        loss_mask[row, : len(e.input_ids) - 1] = e.loss_mask[1:]
     return ids.to(device), attention.to(device), loss_mask.to(device)
 
 
@@ -166,7 +147,7 @@ def _batches(examples: list[Example], batch_size: int, rng: random.Random) -> li
     window = batch_size * 16
     batches = []
     for start in range(0, len(order), window):
-        chunk = sorted(order[start : start + window], key=lambda e: len(e.token_ids))
+        chunk = sorted(order[start : start + window], key=lambda e: len(e.input_ids))
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches

@@ -13,7 +13,7 @@ from eagle3_training_data import synthesized, tiny_target
 from specdec import LLM, SamplingParams
 from specdec.training.synthesize import read_conversations
 from specdec_eagle3 import load_head
-from specdec_eagle3.training.conversations import tokenize_all
+from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import FitOptions, evaluate, export, fit, new_head

@@ -1,4 +1,4 @@
-"""Training data: assistant-token masks, draft-vocabulary calibration and the offline dump."""
+"""Training data: draft-vocabulary calibration and the offline dump."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from eagle3_training_data import tiny_target
 
 from specdec.errors import ConfigError
-from specdec_eagle3.training.conversations import tokenize_all, tokenize_conversation
+from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.vocab import calibrate, coverage, token_counts
 
@@ -22,24 +22,6 @@ TWO_TURNS = {"conversation_id": "x", "conversations": [
 @pytest.fixture(scope="module")
 def target():
     return tiny_target()
-
-
-def test_loss_mask_covers_exactly_the_assistant_turns(target) -> None:
-    """Every reply's tokens (with the template's end of turn) are masked in; prompts and role tags are not."""
-    example = tokenize_conversation(TWO_TURNS, target.tokenizer, 512)
-    decode = target.tokenizer.decode
-    assert decode(example.input_ids) == "user: hi\nassistant: hello there.\nuser: and?\nassistant: bye.\n"
-    assert decode(example.input_ids[example.loss_mask]) == "hello there.\nbye.\n"
-
-
-def test_truncation_and_replyless_conversations(target) -> None:
-    """``max_length`` cuts tokens and mask together; a conversation with no reply inside it is dropped."""
-    cut = tokenize_conversation(TWO_TURNS, target.tokenizer, 25)
-    assert len(cut.input_ids) == len(cut.loss_mask) == 25
-    assert target.tokenizer.decode(cut.input_ids[cut.loss_mask]) == "hello"  # "user: hi\nassistant: " is 20 tokens
-    no_reply = {"conversation_id": "y", "conversations": [{"role": "user", "content": "hi"}]}
-    assert tokenize_all([no_reply, TWO_TURNS], target.tokenizer, 512)[0].conversation_id == "x"
-    assert tokenize_conversation(TWO_TURNS, target.tokenizer, 10) is None
 
 
 def test_calibration_keeps_the_most_frequent_reply_tokens() -> None:

@@ -19,7 +19,7 @@ from specdec.progress import Progress
 from specdec.training.synthesize import read_conversations
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
-from specdec_eagle3.training.conversations import tokenize_all
+from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.distributed import join, leave
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import FitOptions, StepReport, export, fit, new_head

@@ -31,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdec.errors import ConfigError
-from specdec_eagle3.training.conversations import Example
+from specdec.training.conversations import Example
 
 FORMAT = "specdec-eagle3-dump"
 VERSION = 1
