@@ -23,7 +23,8 @@ class Example:
     loss_mask: torch.Tensor
 
 
-def _ids(tokenizer: Any, turns: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+def chat_token_ids(tokenizer: Any, turns: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+    """``turns`` rendered by the chat template, as token ids."""
     ids = tokenizer.apply_chat_template(turns, add_generation_prompt=generation_prompt, tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
@@ -32,13 +33,13 @@ def tokenize_conversation(record: dict[str, Any], tokenizer: Any, max_length: in
     """The conversation's tokens (cut to ``max_length``) and assistant mask; ``None`` when it has no
     assistant token inside ``max_length`` or its template is not prefix-consistent."""
     turns = [{"role": t["role"], "content": t["content"]} for t in record["conversations"]]
-    full = _ids(tokenizer, turns, False)
+    full = chat_token_ids(tokenizer, turns, False)
     mask = [False] * len(full)
     for index, turn in enumerate(turns):
         if turn["role"] != "assistant":
             continue
-        before = _ids(tokenizer, turns[:index], True) if index else []
-        through = _ids(tokenizer, turns[: index + 1], False)
+        before = chat_token_ids(tokenizer, turns[:index], True) if index else []
+        through = chat_token_ids(tokenizer, turns[: index + 1], False)
         start, end = len(before), len(through)
         if start > end or full[:start] != before or full[:end] != through:
             return None

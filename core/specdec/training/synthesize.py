@@ -124,11 +124,6 @@ class _Conversation:
         self.ended = cut
 
 
-def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
 def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output: str | Path,
                options: SynthesisOptions, on_batch: Callable[[int, int], None] | None = None) -> int:
     """Append the target's answers to ``records`` to ``output``; returns how many conversations
@@ -159,7 +154,7 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
                     messages = conversation.next_prompt()
                     if messages is None:
                         continue
-                    ids = _encode(tokenizer, messages)
+                    ids = llm.encode(messages, chat=True)
                     if len(ids) > options.max_prompt_tokens:
                         conversation.ended = True
                         continue

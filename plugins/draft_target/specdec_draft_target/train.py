@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
-from specdec.training.conversations import Example, tokenize_all
+from specdec.training.conversations import Example, chat_token_ids, tokenize_all
 from specdec.training.synthesize import prompt_turns, read_conversations
 from specdec_draft_target.shipped import EMBEDDING, WEIGHTS_FILE
 
@@ -46,8 +46,7 @@ def tokenize(records: list[dict[str, Any]], tokenizer: Any, max_length: int, pro
         return tokenize_all(records, tokenizer, max_length)
     examples = []
     for record in records:
-        ids = tokenizer.apply_chat_template(prompt_turns(record), add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)[:max_length]
+        ids = chat_token_ids(tokenizer, prompt_turns(record), True)[:max_length]
         examples.append(Example(str(record["conversation_id"]), torch.tensor(ids, dtype=torch.long),
                                 torch.zeros(len(ids), dtype=torch.bool)))
     return examples
