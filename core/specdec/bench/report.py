@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,7 @@ def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> 
     errors = []
     for c in cats:
         speedup, interval = summary[c]["speedup"], summary[c]["speedup_ci95"]
-        errors.append((speedup - interval[0], interval[1] - speedup) if speedup and interval else (0.0, 0.0))
+        errors.append((speedup - interval[0], interval[1] - speedup) if speedup and interval else (math.nan, math.nan))
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(cats)) + 2.5, 4))
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
@@ -118,7 +119,7 @@ def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> 
         ax.bar([x + i * width for x in range(len(cats))], values, width, label=label, yerr=yerr, capsize=3)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(cats))], cats, rotation=30, ha="right")
-    ax.set_ylabel("speedup (x)")
+    ax.set_ylabel("speedup (x); error bars: 95% interval")
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
