@@ -22,3 +22,13 @@ class DraftTargetDecodingConfig(DraftingConfig):
             "the shipped SmolLM2 draft."
         ),
     )
+    confidence_threshold: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        validation_alias=AliasChoices("confidence_threshold", "assistant_confidence_threshold"),
+        description=(
+            "Stop a request's chain after a draft token the draft itself gave less than this probability "
+            "(transformers' `assistant_confidence_threshold`); 0 drafts the full length."
+        ),
+    )

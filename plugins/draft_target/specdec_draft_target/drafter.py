@@ -13,6 +13,11 @@ rest, then drafts for every request at once:
   nothing needs its logits), ``k`` being the longest budget; rows with shorter budgets are
   padded and rolled back.
 
+With a confidence threshold, a row's chain ends after a draft token the draft gave less than
+that probability (the token is still proposed: the target may well agree), and drafting stops
+as soon as every row's chain has ended, saving the forwards a weak draft would waste. Whether to
+go on depends only on tokens already drafted, so sampled output keeps the target's distribution.
+
 Reconciling from ``request.token_ids`` at each step makes the state right whatever happened in
 between, including steps the engine ran without drafting.
 """
@@ -45,9 +50,10 @@ class DraftState:
 class DraftModel:
     """A causal LM sharing the target's tokenizer, used as a drafter for a batch of requests."""
 
-    def __init__(self, model: PreTrainedModel, target_vocab_size: int) -> None:
+    def __init__(self, model: PreTrainedModel, target_vocab_size: int, confidence_threshold: float = 0.0) -> None:
         self.runner = ModelRunner(model)
         self.target_vocab_size = target_vocab_size
+        self.confidence_threshold = confidence_threshold
         self.cache = self.runner.new_cache(rows=0)
         #: Request ids of the cache's rows, in row order.
         self.rows: list[int] = []
@@ -86,26 +92,33 @@ class DraftModel:
             state.committed = len(state.tokens)
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        fed = 0  # chain forwards run: each appended one token to every row
         for step in range(rounds):
             for b, request in enumerate(requests):
                 if step >= budgets[b]:
                     continue
                 if request.params.greedy:
-                    drafts[b].append(int(logits[b].argmax()))
+                    token = int(logits[b].argmax())
+                    if self.confidence_threshold and float(torch.softmax(logits[b], -1)[token]) < self.confidence_threshold:
+                        budgets[b] = step + 1
                 else:
                     q = logits_to_probs(logits[b], request.params)
-                    drafts[b].append(sample(q, request.generator))
+                    token = sample(q, request.generator)
                     probs[b].append(q)
-            if step == rounds - 1:
+                    if float(q[token]) < self.confidence_threshold:
+                        budgets[b] = step + 1
+                drafts[b].append(token)
+            if step + 1 >= max(budgets):
                 break
             # Rows whose budget is spent are fed a placeholder, rolled back below.
             tokens = [d[step] if step < len(d) else 0 for d in drafts]
             outputs = self.runner.forward_rows(self.cache, [[t] for t in tokens])
+            fed += 1
             logits = [self._on_target_vocab(out.logits[-1]) for out in outputs]
             for b, state in enumerate(states):
                 if step < budgets[b] - 1:
                     state.tokens.append(tokens[b])
-        self.cache.rollback_rows([rounds - 1 - max(k - 1, 0) for k in budgets])
+        self.cache.rollback_rows([fed - max(len(d) - 1, 0) for d in drafts])
         return [DraftProposal(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
 
     def release(self) -> None:

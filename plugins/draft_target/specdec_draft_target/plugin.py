@@ -73,7 +73,7 @@ def specdec_register_methods(register: Callable[..., None]) -> None:
 def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -> ResourceManager | None:
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
-    return DraftTargetResources(DraftModel(load_draft(config, target), target.vocab_size))
+    return DraftTargetResources(DraftModel(load_draft(config, target), target.vocab_size, config.confidence_threshold))
 
 
 @hookimpl
@@ -93,6 +93,8 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
     # A fixed draft length, as specdec's: transformers' default schedule adapts it.
     assistant.generation_config.num_assistant_tokens = config.max_draft_len
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    # The same early stop as specdec's (0: none). Without scikit-learn transformers keeps it fixed.
+    assistant.generation_config.assistant_confidence_threshold = config.confidence_threshold or None
     return {"assistant_model": assistant}
 
 

@@ -48,3 +48,28 @@ class TestDraftEqualsTargetConformance(MethodConformance):
         finally:
             llm.close()
         assert m.num_draft_tokens > 0 and m.acceptance_rate > 0.99
+
+
+class TestConfidenceStopConformance(MethodConformance):
+    """Chains cut short by the draft's own confidence stay lossless, greedy and sampled. The tiny
+    draft's probabilities lie around 0.06-0.09, so a threshold of 0.08 cuts chains at mixed lengths."""
+
+    def make_config(self, target, tmp_path):
+        draft = save(build_draft(target.model, [0]), target.tokenizer, tmp_path / "draft")
+        return DraftTargetDecodingConfig(max_draft_len=4, speculative_model=str(draft), assistant_confidence_threshold=0.08)
+
+    def test_threshold_shortens_chains(self, target, config, prompts: list[list[int]]) -> None:
+        """Without a threshold every chain is full length; the higher the threshold, the shorter
+        the chains, and each chain ends at its first low-confidence token, so greedy output is unchanged."""
+        params = SamplingParams(max_tokens=24, ignore_eos=True)
+        lengths, outputs = {}, {}
+        for threshold in (0.0, 0.08, 0.99):
+            cfg = fixed_draft_len(config.model_copy(update={"confidence_threshold": threshold}))
+            with LLM(target.model, cfg, tokenizer=target.tokenizer, max_batch_size=3) as spec:
+                out = spec.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+                m = spec.get_metrics()
+            lengths[threshold] = m.num_draft_tokens / m.num_drafts
+            outputs[threshold] = [o.token_ids for o in out]
+        assert lengths[0.0] == pytest.approx(4, abs=0.3)
+        assert lengths[0.0] > lengths[0.08] + 1 > lengths[0.99] + 1 >= 2
+        assert outputs[0.0] == outputs[0.08] == outputs[0.99]
