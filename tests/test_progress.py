@@ -32,3 +32,25 @@ def test_a_terminal_gets_the_bar_only():
     """On a terminal rich draws the bar; no plain lines of the intermediate steps are added."""
     out = run(Console(file=io.StringIO(), force_terminal=True, width=100))
     assert "3/3" in out and "1/3" not in out and "2/3" not in out
+
+
+def test_tables_in_a_log_file_keep_every_column():
+    """`bench`'s table printed to a file: 160 columns wide, so no header or figure is cut to '…'."""
+    from rich.table import Table
+
+    from specdec.progress import LOG_WIDTH, log_console
+
+    console = log_console(file=io.StringIO(), force_terminal=False)
+    assert console.width == LOG_WIDTH
+    table = Table()
+    for column in ["category", "turns", "speedup", "95% interval", "vs hf", "hf speedup", "tok/s", "mean acc. tokens",
+                   "accept rate", "outputs match", "overhead"]:
+        table.add_column(column)
+    table.add_row("humanities", "4", "0.66x", "0.62-0.69x", "0.81x", "0.81x", "23.3", "1.48", "12.2%", "25%", "1.1%")
+    console.print(table)
+    out = console.file.getvalue()
+    assert "…" not in out and "mean acc. tokens" in out and "0.62-0.69x" in out
+    plain = Console(file=io.StringIO(), force_terminal=False)
+    plain.print(table)
+    assert "…" in plain.file.getvalue()  # what rich's default width does to it
+    assert log_console(file=io.StringIO(), force_terminal=False, width=50).width == 50

@@ -1,4 +1,4 @@
-"""rich progress bars that also reach a log file.
+"""rich progress bars and tables that also reach a log file.
 
 rich draws a progress bar only on a terminal; with stderr sent to a file (``nohup specdec train
 ... > log``), the bar stays silent until the job ends. :class:`Progress` then prints the tasks as
@@ -16,6 +16,15 @@ from rich.console import Console
 from rich.progress import ProgressColumn, TaskID
 
 LOG_WIDTH = 160
+
+
+def log_console(**kwargs: Any) -> Console:
+    """A rich console, :data:`LOG_WIDTH` columns wide when it writes to a file rather than a
+    terminal: rich's default of 80 then cuts a wide table's columns to a few letters."""
+    console = Console(**kwargs)
+    if console.is_terminal or "width" in kwargs:
+        return console
+    return Console(width=LOG_WIDTH, **kwargs)
 
 
 class Progress(rich_progress.Progress):

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 import torch
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from specdec.bench.dataset import load_questions
@@ -18,7 +17,7 @@ from specdec.cli.common import build_config, method_options, model_options, quie
 from specdec.errors import ConfigError
 from specdec.llm import LLM
 from specdec.plugins import get_registry
-from specdec.progress import Progress
+from specdec.progress import Progress, log_console
 
 BASELINES = {"none", "hf"}
 
@@ -52,7 +51,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
     if json_out:
         _check_writable(Path(json_out))
     quiet_transformers()
-    console = Console()
+    console = log_console()
     with console.status("loading model"):
         plain = LLM(model, None, dtype=dtype, device=device, max_batch_size=batch_size)
         spec = LLM(plain.model, config, tokenizer=plain.tokenizer, max_batch_size=batch_size)

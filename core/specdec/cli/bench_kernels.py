@@ -14,12 +14,12 @@ from typing import Any
 
 import click
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from specdec import kernels
 from specdec.errors import ConfigError
 from specdec.kernels import reference
+from specdec.progress import log_console
 
 
 def _inputs(op: str, batch: int, k: int, vocab: int, device: torch.device, dtype: torch.dtype) -> tuple[Any, ...]:
@@ -96,7 +96,7 @@ def bench_kernels(batches: str, draft_len: int, vocab: int, dtype: str, ops: str
     if kernel_runs:
         from specdec.kernels import triton_kernels as module
 
-    console = Console()
+    console = log_console()
     table = Table(title=f"verify operations on {dev}: median µs per call (draft length {draft_len}, vocab {vocab}, {dtype})")
     for col in ("operation", "batch", "torch µs", "triton µs", "speedup", "same result"):
         table.add_column(col, justify="left" if col == "operation" else "right")

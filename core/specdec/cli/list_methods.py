@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from specdec.errors import ConfigError
 from specdec.kernels import describe as describe_verify_backend
 from specdec.plugins import get_registry
+from specdec.progress import log_console
 
 
 @click.command("list-methods")
@@ -50,7 +50,7 @@ def list_methods(as_json: bool, options: bool) -> None:
             table.add_row(f"[red]{row['name']}[/]", "", row["distribution"] or "", row["version"] or "", f"[red]failed to load: {escape(row['error'])}[/]")
         else:
             table.add_row(row["name"], ", ".join(row["aliases"]), row["distribution"] or "(in-process)", row["version"] or "", escape(row["summary"]))
-    console = Console()
+    console = log_console()
     console.print(table)
     try:
         console.print(f"verify step: {describe_verify_backend()}")

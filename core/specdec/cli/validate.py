@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -25,7 +24,7 @@ from specdec.cli.common import build_config, method_options, model_options, quie
 from specdec.errors import ConfigError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics, aggregate
-from specdec.progress import Progress
+from specdec.progress import Progress, log_console
 from specdec.sampling import SamplingParams
 from specdec.training.synthesize import prompt_turns, read_conversations
 
@@ -118,7 +117,7 @@ def validate(config_file, method, max_draft_len, speculative_model, settings, mo
     config.setdefault("adaptive_draft_len", False)
     prompts = load_prompt_set(dataset, categories.split(",") if categories else None, num_prompts, max_turns)
     quiet_transformers()
-    console = Console()
+    console = log_console()
     with console.status("loading model"):
         llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=batch_size)
     total = sum(len(turns) if isinstance(turns[0], str) else 1 for _, turns in prompts)
