@@ -22,8 +22,11 @@ def plain() -> LLM:
         yield llm
 
 
-def test_shipped_draft_greedy_is_lossless(plain: LLM) -> None:
-    expected, alone, batched = greedy_outputs_alone_and_batched(plain, CONFIG, ["writing", "coding"])
+@pytest.mark.parametrize("threshold", [0.0, 0.4])
+def test_shipped_draft_greedy_is_lossless(plain: LLM, threshold: float) -> None:
+    """Also with chains cut at the draft's low-confidence tokens (``confidence_threshold``)."""
+    config = {**CONFIG, "confidence_threshold": threshold}
+    expected, alone, batched = greedy_outputs_alone_and_batched(plain, config, ["writing", "coding"])
     assert [o.token_ids for o in alone] == expected
     assert [o.token_ids for o in batched] == expected
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
