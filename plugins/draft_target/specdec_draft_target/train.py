@@ -85,9 +85,12 @@ def load_trained(draft: torch.nn.Module, weights: Path, layers: list[int]) -> in
     training them; returns the steps they had been trained for."""
     from safetensors import safe_open
 
-    with safe_open(str(weights), "pt") as f:
-        meta = f.metadata() or {}
-        state = {name: f.get_tensor(name).float() for name in f.keys()}
+    try:
+        with safe_open(str(weights), "pt") as f:
+            meta = f.metadata() or {}
+            state = {name: f.get_tensor(name).float() for name in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for a file that is not one
+        raise ConfigError(f"--init: {weights} is not a safetensors file written by `specdec train draft` ({exc})") from None
     if meta.get("source_layers") != ",".join(map(str, layers)):
         raise ConfigError(f"--init: {weights} was trained from target layers {meta.get('source_layers')}, "
                           f"not --layers {','.join(map(str, layers))}")

@@ -104,3 +104,5 @@ def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> No
                                               "--steps", "1"])
     assert isinstance(result.exception, ConfigError)
     assert "trained from target layers 0, not --layers 0,1" in str(result.exception)
+    result = CliRunner().invoke(train_draft, [*common, "--init", str(data), "--output", str(more), "--layers", "0", "--steps", "1"])
+    assert isinstance(result.exception, ConfigError) and "is not a safetensors file" in str(result.exception)
