@@ -32,3 +32,19 @@ class DraftTargetDecodingConfig(DraftingConfig):
             "(transformers' `assistant_confidence_threshold`); 0 drafts the full length."
         ),
     )
+    draft_vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Draft over only this many target tokens, those the target's replies use most (ranked in "
+            "`draft_vocab`): the draft's output layer keeps only their rows, which makes each draft forward "
+            "cheaper. Unset: the full vocabulary."
+        ),
+    )
+    draft_vocab: str | None = Field(
+        default=None,
+        description=(
+            "The token ranking for `draft_vocab_size`: a safetensors file from `specdec train draft-vocab`. "
+            "Unset with the shipped draft: the ranking shipped with it."
+        ),
+    )

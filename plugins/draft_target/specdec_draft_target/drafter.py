@@ -13,6 +13,10 @@ rest, then drafts for every request at once:
   nothing needs its logits), ``k`` being the longest budget; rows with shorter budgets are
   padded and rolled back.
 
+With a draft vocabulary (``draft_vocab_size``), the draft's output layer covers only the kept
+tokens: choices are made over them and mapped back to target ids, and sampled drafts report
+their probabilities over the target's vocabulary, zero for every token not kept.
+
 With a confidence threshold, a row's chain ends after a draft token the draft gave less than
 that probability (the token is still proposed: the target may well agree), and drafting stops
 as soon as every row's chain has ended, saving the forwards a weak draft would waste. Whether to
@@ -33,6 +37,7 @@ from specdec import DraftProposal, Request, logits_to_probs
 from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
 from specdec.sampling import sample
+from specdec_draft_target.draft_vocab import trim_output_layer
 
 
 @dataclass
@@ -50,9 +55,16 @@ class DraftState:
 class DraftModel:
     """A causal LM sharing the target's tokenizer, used as a drafter for a batch of requests."""
 
-    def __init__(self, model: PreTrainedModel, target_vocab_size: int, confidence_threshold: float = 0.0) -> None:
+    def __init__(self, model: PreTrainedModel, target_vocab_size: int, confidence_threshold: float = 0.0,
+                 vocab: torch.Tensor | None = None) -> None:
+        """``vocab``, when given, holds the only token ids the draft may propose (in id order):
+        the output layer keeps only their rows (:mod:`specdec_draft_target.draft_vocab`)."""
+        if vocab is not None:
+            trim_output_layer(model, vocab)
         self.runner = ModelRunner(model)
         self.target_vocab_size = target_vocab_size
+        self.vocab = vocab.tolist() if vocab is not None else None
+        self._vocab_index = vocab.to(self.runner.device) if vocab is not None else None
         self.confidence_threshold = confidence_threshold
         self.cache = self.runner.new_cache(rows=0)
         #: Request ids of the cache's rows, in row order.
@@ -86,7 +98,7 @@ class DraftModel:
             feed.append(new)
         if any(refed):
             self.cache.rollback_rows(refed)
-        logits = [self._on_target_vocab(out.logits[-1]) for out in self.runner.forward_rows(self.cache, feed)]
+        logits = [self._draft_logits(out.logits[-1]) for out in self.runner.forward_rows(self.cache, feed)]
         for state, new in zip(states, feed):
             state.tokens.extend(new)
             state.committed = len(state.tokens)
@@ -98,23 +110,23 @@ class DraftModel:
                 if step >= budgets[b]:
                     continue
                 if request.params.greedy:
-                    token = int(logits[b].argmax())
-                    if self.confidence_threshold and float(torch.softmax(logits[b], -1)[token]) < self.confidence_threshold:
+                    choice = int(logits[b].argmax())
+                    if self.confidence_threshold and float(torch.softmax(logits[b], -1)[choice]) < self.confidence_threshold:
                         budgets[b] = step + 1
                 else:
                     q = logits_to_probs(logits[b], request.params)
-                    token = sample(q, request.generator)
-                    probs[b].append(q)
-                    if float(q[token]) < self.confidence_threshold:
+                    choice = sample(q, request.generator)
+                    probs[b].append(self._on_target_vocab(q))
+                    if float(q[choice]) < self.confidence_threshold:
                         budgets[b] = step + 1
-                drafts[b].append(token)
+                drafts[b].append(choice if self.vocab is None else self.vocab[choice])
             if step + 1 >= max(budgets):
                 break
             # Rows whose budget is spent are fed a placeholder, rolled back below.
             tokens = [d[step] if step < len(d) else 0 for d in drafts]
             outputs = self.runner.forward_rows(self.cache, [[t] for t in tokens])
             fed += 1
-            logits = [self._on_target_vocab(out.logits[-1]) for out in outputs]
+            logits = [self._draft_logits(out.logits[-1]) for out in outputs]
             for b, state in enumerate(states):
                 if step < budgets[b] - 1:
                     state.tokens.append(tokens[b])
@@ -159,10 +171,23 @@ class DraftModel:
             state.committed += kept
         self.cache.rollback_rows(drop)
 
-    def _on_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        # Same tokenizer, but embedding matrices are often padded to different sizes: rows past
-        # the tokenizer are never real tokens, so they are cut or padded with -inf.
+    def _draft_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over what the draft may propose: the target's vocabulary, or the kept tokens.
+
+        Same tokenizer, but embedding matrices are often padded to different sizes: rows past
+        the tokenizer are never real tokens, so they are cut or padded with -inf.
+        """
         n = self.target_vocab_size
-        if logits.shape[-1] >= n:
+        if self.vocab is not None or logits.shape[-1] == n:
+            return logits
+        if logits.shape[-1] > n:
             return logits[:n]
         return torch.nn.functional.pad(logits, (0, n - logits.shape[-1]), value=float("-inf"))
+
+    def _on_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
+        """Draft probabilities over the target's vocabulary (zero for tokens the draft cannot propose)."""
+        if self._vocab_index is None:
+            return probs
+        full = probs.new_zeros(self.target_vocab_size)
+        full[self._vocab_index] = probs
+        return full

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -18,6 +19,7 @@ from specdec import (
 )
 from specdec.models import is_default_model, load_model
 from specdec_draft_target.config import DraftTargetDecodingConfig
+from specdec_draft_target.draft_vocab import SHIPPED_RANKING, kept_tokens, load_ranking
 from specdec_draft_target.drafter import DraftModel
 from specdec_draft_target.shipped import shipped_draft_dir
 from specdec_draft_target.vocab import check_same_tokenizer
@@ -38,6 +40,20 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
     check_same_tokenizer(tokenizer, target.tokenizer, int(model.get_output_embeddings().weight.shape[0]),
                          target.vocab_size, name)
     return model
+
+
+def draft_vocabulary(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
+    """The token ids the draft may propose (a tensor, in id order), or ``None`` for all of them."""
+    if config.draft_vocab_size is None:
+        return None
+    if config.draft_vocab is not None:
+        path = Path(config.draft_vocab)
+    elif config.speculative_model is None:
+        path = SHIPPED_RANKING
+    else:
+        raise ConfigError("draft_vocab: required with draft_vocab_size for a draft of your own "
+                          "(a token ranking written by `specdec train draft-vocab`)")
+    return kept_tokens(load_ranking(path, target.vocab_size), config.draft_vocab_size, str(path))
 
 
 class DraftTargetResources(ResourceManager):
@@ -73,7 +89,9 @@ def specdec_register_methods(register: Callable[..., None]) -> None:
 def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -> ResourceManager | None:
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
-    return DraftTargetResources(DraftModel(load_draft(config, target), target.vocab_size, config.confidence_threshold))
+    vocab = draft_vocabulary(config, target)
+    drafter = DraftModel(load_draft(config, target), target.vocab_size, config.confidence_threshold, vocab)
+    return DraftTargetResources(drafter)
 
 
 @hookimpl
@@ -101,5 +119,6 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
 @hookimpl
 def specdec_train_commands() -> list[click.Command]:
     from specdec_draft_target.train import train_draft
+    from specdec_draft_target.train_vocab import train_draft_vocab
 
-    return [train_draft]
+    return [train_draft, train_draft_vocab]

@@ -18,7 +18,8 @@ from specdec_eagle3.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import FitOptions, evaluate, export, fit, new_head
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget, collate
-from specdec_eagle3.training.vocab import calibrate, token_counts
+from specdec.training.token_frequency import token_counts
+from specdec_eagle3.training.vocab import calibrate
 
 LAYERS = (0, 1, 2)
 DRAFT_VOCAB = 24

@@ -16,15 +16,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device
 from specdec.progress import Progress
+from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import read_conversations
+from specdec.training.token_frequency import coverage, token_counts
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
-from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.distributed import join, leave
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import FitOptions, StepReport, export, fit, new_head
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget
-from specdec_eagle3.training.vocab import calibrate, coverage, token_counts
+from specdec_eagle3.training.vocab import calibrate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -1,0 +1,40 @@
+"""How often the target's replies use each token: the basis of a draft vocabulary.
+
+A drafter that proposes only the target's most frequent reply tokens needs a much smaller output
+layer (EAGLE-3's ``d2t`` draft vocabulary; FR-Spec's frequency-ranked drafting for a draft model),
+and on a vocabulary of tens of thousands of tokens the output layer is a large share of a small
+drafter's time. Counts come from training conversations (the target's own replies), never from
+evaluation sets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def token_counts(sequences: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts over ``(input_ids, loss_mask)`` pairs: ``(assistant-token counts, all-token counts)``."""
+    assistant = torch.zeros(vocab_size, dtype=torch.long)
+    every = torch.zeros(vocab_size, dtype=torch.long)
+    for ids, mask in sequences:
+        ids = ids.long()
+        every += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+        assistant += torch.bincount(ids[mask.bool()], minlength=vocab_size)[:vocab_size]
+    return assistant, every
+
+
+def frequency_ranking(assistant_counts: torch.Tensor, all_counts: torch.Tensor) -> torch.Tensor:
+    """Every token id, most used first: by assistant count, then by count over all text (prompts
+    included), then lower id first, so tokens the replies never use still have a defined order."""
+    order = torch.arange(assistant_counts.numel())
+    for key in (all_counts, assistant_counts):  # least significant key first; stable sorts keep ties
+        order = order[torch.sort(-key[order], stable=True).indices]
+    return order
+
+
+def coverage(assistant_counts: torch.Tensor, kept: torch.Tensor) -> float:
+    """Share of the assistant tokens among ``kept`` (token ids, or a mask over the vocabulary)."""
+    total = int(assistant_counts.sum())
+    return float(assistant_counts[kept].sum()) / total if total else 0.0
