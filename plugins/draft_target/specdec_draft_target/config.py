@@ -38,7 +38,8 @@ class DraftTargetDecodingConfig(DraftingConfig):
         description=(
             "Draft over only this many target tokens, those the target's replies use most (ranked in "
             "`draft_vocab`): the draft's output layer keeps only their rows, which makes each draft forward "
-            "cheaper. Unset: the full vocabulary."
+            "cheaper. Unset: the full vocabulary, except for the shipped draft, which keeps 8192 tokens of its "
+            "shipped ranking."
         ),
     )
     draft_vocab: str | None = Field(

@@ -19,7 +19,7 @@ from specdec import (
 )
 from specdec.models import is_default_model, load_model
 from specdec_draft_target.config import DraftTargetDecodingConfig
-from specdec_draft_target.draft_vocab import SHIPPED_RANKING, kept_tokens, load_ranking
+from specdec_draft_target.draft_vocab import SHIPPED_DRAFT_VOCAB_SIZE, SHIPPED_RANKING, kept_tokens, load_ranking
 from specdec_draft_target.drafter import DraftModel
 from specdec_draft_target.shipped import shipped_draft_dir
 from specdec_draft_target.vocab import check_same_tokenizer
@@ -43,8 +43,15 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
 
 
 def draft_vocabulary(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
-    """The token ids the draft may propose (a tensor, in id order), or ``None`` for all of them."""
-    if config.draft_vocab_size is None:
+    """The token ids the draft may propose (a tensor, in id order), or ``None`` for all of them.
+
+    The shipped draft comes with its ranking and uses ``SHIPPED_DRAFT_VOCAB_SIZE`` of it unless
+    told otherwise, as a published EAGLE-3 head comes with its draft vocabulary.
+    """
+    size = config.draft_vocab_size
+    if size is None and config.speculative_model is None and config.draft_vocab is None:
+        size = SHIPPED_DRAFT_VOCAB_SIZE
+    if size is None:
         return None
     if config.draft_vocab is not None:
         path = Path(config.draft_vocab)
@@ -53,7 +60,7 @@ def draft_vocabulary(config: DraftTargetDecodingConfig, target: TargetContext) -
     else:
         raise ConfigError("draft_vocab: required with draft_vocab_size for a draft of your own "
                           "(a token ranking written by `specdec train draft-vocab`)")
-    return kept_tokens(load_ranking(path, target.vocab_size), config.draft_vocab_size, str(path))
+    return kept_tokens(load_ranking(path, target.vocab_size), size, str(path))
 
 
 class DraftTargetResources(ResourceManager):
@@ -89,8 +96,8 @@ def specdec_register_methods(register: Callable[..., None]) -> None:
 def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -> ResourceManager | None:
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
-    vocab = draft_vocabulary(config, target)
-    drafter = DraftModel(load_draft(config, target), target.vocab_size, config.confidence_threshold, vocab)
+    model = load_draft(config, target)
+    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold, draft_vocabulary(config, target))
     return DraftTargetResources(drafter)
 
 
