@@ -118,8 +118,9 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
     # A fixed draft length, as specdec's: transformers' default schedule adapts it.
     assistant.generation_config.num_assistant_tokens = config.max_draft_len
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
-    # The same early stop as specdec's (0: none). Without scikit-learn transformers keeps it fixed.
-    assistant.generation_config.assistant_confidence_threshold = config.confidence_threshold or None
+    # The same early stop as specdec's. 0 turns it off; None would not: transformers fills None
+    # with its default of 0.4. Without scikit-learn transformers keeps the threshold fixed.
+    assistant.generation_config.assistant_confidence_threshold = config.confidence_threshold
     return {"assistant_model": assistant}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from specdec import LLM
@@ -27,6 +28,32 @@ def test_assistant_model_is_the_configured_draft(tiny, small_draft_dir: Path) ->
     plain = tiny.model.generate(ids, max_new_tokens=12, do_sample=False)
     assisted = tiny.model.generate(ids, max_new_tokens=12, do_sample=False, **kwargs)
     assert torch.equal(plain, assisted)
+
+
+@pytest.mark.parametrize(("threshold", "drafted"), [(0.0, 3), (0.99, 1)])
+def test_assistant_drafts_with_the_same_confidence_threshold(tiny, small_draft_dir: Path, threshold: float, drafted: int) -> None:
+    """Without a threshold the assistant drafts its full 3 tokens every step (transformers would
+    otherwise apply its own default threshold of 0.4); with one that the tiny draft (probabilities
+    0.06-0.09) never reaches, every chain stops after one token, as specdec's do."""
+    config = DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir), confidence_threshold=threshold)
+    llm = LLM(tiny.model, config, tokenizer=tiny.tokenizer)
+    try:
+        kwargs = get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
+    finally:
+        llm.close()
+    assistant = kwargs["assistant_model"]
+    chains = []
+    generate = assistant.generate
+
+    def recording_generate(*args, **kw):
+        out = generate(*args, **kw)
+        chains.append(out.sequences.shape[1] - kw["input_ids"].shape[1])
+        return out
+
+    assistant.generate = recording_generate
+    ids = torch.tensor([tiny.encode("the cat sat on the mat. the cat")])
+    tiny.model.generate(ids, max_new_tokens=24, do_sample=False, **kwargs)
+    assert len(chains) > 3 and set(chains[:-1]) == {drafted}
 
 
 def test_other_methods_get_no_kwargs(tiny) -> None:
