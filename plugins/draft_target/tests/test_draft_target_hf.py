@@ -13,13 +13,17 @@ from specdec.plugins import get_registry
 from specdec_draft_target import DraftTargetDecodingConfig
 
 
-def test_assistant_model_is_the_configured_draft(tiny, small_draft_dir: Path) -> None:
-    config = DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir))
+def hf_kwargs(tiny, config) -> dict | None:
+    """What the bench's `hf` peer passes to transformers' generate for ``config``."""
     llm = LLM(tiny.model, config, tokenizer=tiny.tokenizer)
     try:
-        kwargs = get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
+        return get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
     finally:
         llm.close()
+
+
+def test_assistant_model_is_the_configured_draft(tiny, small_draft_dir: Path) -> None:
+    kwargs = hf_kwargs(tiny, DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir)))
     assistant = kwargs["assistant_model"]
     assert Path(assistant.name_or_path) == small_draft_dir
     assert assistant.generation_config.num_assistant_tokens == 3
@@ -36,11 +40,7 @@ def test_assistant_drafts_with_the_same_confidence_threshold(tiny, small_draft_d
     otherwise apply its own default threshold of 0.4); with one that the tiny draft (probabilities
     0.06-0.09) never reaches, every chain stops after one token, as specdec's do."""
     config = DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir), confidence_threshold=threshold)
-    llm = LLM(tiny.model, config, tokenizer=tiny.tokenizer)
-    try:
-        kwargs = get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
-    finally:
-        llm.close()
+    kwargs = hf_kwargs(tiny, config)
     assistant = kwargs["assistant_model"]
     chains = []
     generate = assistant.generate
@@ -57,9 +57,4 @@ def test_assistant_drafts_with_the_same_confidence_threshold(tiny, small_draft_d
 
 
 def test_other_methods_get_no_kwargs(tiny) -> None:
-    llm = LLM(tiny.model, {"method": "ngram"}, tokenizer=tiny.tokenizer)
-    try:
-        result = get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
-    finally:
-        llm.close()
-    assert "assistant_model" not in (result or {})
+    assert "assistant_model" not in (hf_kwargs(tiny, {"method": "ngram"}) or {})
