@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import torch
 
 from specdec import (
     ConfigError,
@@ -42,7 +43,7 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
     return model
 
 
-def draft_vocabulary(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
+def draft_vocabulary(config: DraftTargetDecodingConfig, target: TargetContext) -> torch.Tensor | None:
     """The token ids the draft may propose (a tensor, in id order), or ``None`` for all of them.
 
     The shipped draft comes with its ranking and uses ``SHIPPED_DRAFT_VOCAB_SIZE`` of it unless

@@ -1,6 +1,6 @@
-"""A frequency-ranked draft vocabulary (``draft_vocab_size``): lossless, drafts only kept tokens,
-identical to the full draft when it keeps every token; its ranking is written by
-``specdec train draft-vocab``; a bad ranking or size is a one-line error naming the field."""
+"""A frequency-ranked draft vocabulary (``draft_vocab_size``): lossless, and each draft is the full
+draft's choice among the kept tokens; its ranking is written by ``specdec train draft-vocab``; a
+bad ranking or size is a one-line error naming the field."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from draft_target_helpers import save
 from specdec import LLM, ConfigError, Request, SamplingParams
-from specdec.testing.conformance import MethodConformance, fixed_draft_len
+from specdec.testing.conformance import MethodConformance
 from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import SynthesisOptions, synthesize
 from specdec_draft_target import DraftTargetDecodingConfig
