@@ -45,13 +45,11 @@ def load_ranking(path: Path, vocab_size: int) -> torch.Tensor:
         raise ConfigError(f"draft_vocab: no such file: {path}")
     try:
         with safe_open(str(path), "pt") as f:
-            if RANKING not in f.keys():
-                raise ConfigError(f"draft_vocab: {path} holds no {RANKING!r} tensor (write one with `specdec train draft-vocab`)")
-            ranking = f.get_tensor(RANKING).long()
-    except ConfigError:
-        raise
+            ranking = f.get_tensor(RANKING).long() if RANKING in f.keys() else None
     except Exception as exc:  # safetensors raises its own error types for a file that is not one
         raise ConfigError(f"draft_vocab: {path} is not a safetensors file ({exc})") from None
+    if ranking is None:
+        raise ConfigError(f"draft_vocab: {path} holds no {RANKING!r} tensor (write one with `specdec train draft-vocab`)")
     if ranking.dim() != 1 or ranking.numel() == 0:
         raise ConfigError(f"draft_vocab: {path}: {RANKING!r} must be a non-empty list of token ids")
     if int(ranking.min()) < 0 or int(ranking.max()) >= vocab_size:

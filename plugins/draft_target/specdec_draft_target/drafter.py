@@ -63,8 +63,7 @@ class DraftModel:
             trim_output_layer(model, vocab)
         self.runner = ModelRunner(model)
         self.target_vocab_size = target_vocab_size
-        self.vocab = vocab.tolist() if vocab is not None else None
-        self._vocab_index = vocab.to(self.runner.device) if vocab is not None else None
+        self.vocab = vocab.to(self.runner.device) if vocab is not None else None
         self.confidence_threshold = confidence_threshold
         self.cache = self.runner.new_cache(rows=0)
         #: Request ids of the cache's rows, in row order.
@@ -119,7 +118,7 @@ class DraftModel:
                     probs[b].append(self._on_target_vocab(q))
                     if float(q[choice]) < self.confidence_threshold:
                         budgets[b] = step + 1
-                drafts[b].append(choice if self.vocab is None else self.vocab[choice])
+                drafts[b].append(choice if self.vocab is None else int(self.vocab[choice]))
             if step + 1 >= max(budgets):
                 break
             # Rows whose budget is spent are fed a placeholder, rolled back below.
@@ -178,16 +177,16 @@ class DraftModel:
         the tokenizer are never real tokens, so they are cut or padded with -inf.
         """
         n = self.target_vocab_size
-        if self.vocab is not None or logits.shape[-1] == n:
+        if self.vocab is not None:
             return logits
-        if logits.shape[-1] > n:
+        if logits.shape[-1] >= n:
             return logits[:n]
         return torch.nn.functional.pad(logits, (0, n - logits.shape[-1]), value=float("-inf"))
 
     def _on_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
         """Draft probabilities over the target's vocabulary (zero for tokens the draft cannot propose)."""
-        if self._vocab_index is None:
+        if self.vocab is None:
             return probs
         full = probs.new_zeros(self.target_vocab_size)
-        full[self._vocab_index] = probs
+        full[self.vocab] = probs
         return full
