@@ -7,10 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec import LLM, ConfigError, SamplingParams
 from specdec.cli.main import main
-from specdec.training.synthesize import SynthesisOptions, read_conversations, synthesize
+from specdec.testing import TinyTarget, make_tiny_target, tiny_tokenizer
+from specdec.training.conversations import chat_token_ids
+from specdec.training.synthesize import (SynthesisOptions, read_conversations, self_prompt_records, synthesize,
+                                         turn_seed, user_turn_prefix)
 
 PROMPTS = ["hello there", "the cat sat on the mat", "one two three", "abc abd abe", "good day, how are you"]
 
@@ -75,7 +79,7 @@ def test_cli_writes_the_sample_and_rejects_bad_input(tiny, tmp_path: Path, capsy
     assert main([*args[:-2], "--batch-size", "0"]) == 2
     assert main(["synthesize", "--input", str(tmp_path / "missing.jsonl"), "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "batch_size and max_new_tokens must be at least 1" in err and "missing.jsonl" in err
+    assert "batch_size, max_new_tokens and user_max_tokens must be at least 1" in err and "missing.jsonl" in err
 
 
 def test_every_user_turn_is_answered_by_the_target(tmp_path: Path) -> None:
@@ -83,10 +87,6 @@ def test_every_user_turn_is_answered_by_the_target(tmp_path: Path) -> None:
     then turn 2 after its own first reply, each reply exactly plain greedy decoding of the same
     messages; the system prompt replaces the input's. A reply cut by max_new_tokens ends the
     conversation."""
-    import torch
-
-    from specdec.testing import make_tiny_target
-
     tiny = make_tiny_target(seed=0)
     system = {"role": "system", "content": "be brief"}
     first = [system, {"role": "user", "content": "hello there"}]
@@ -119,3 +119,103 @@ def test_every_user_turn_is_answered_by_the_target(tmp_path: Path) -> None:
     cut = tmp_path / "cut.jsonl"
     assert synthesize(make_tiny_target(seed=0).model, tiny.tokenizer, [record], cut, options) == 1
     assert [t["role"] for t in json.loads(cut.read_text())["conversations"]] == ["system", "user", "assistant"]
+
+
+def chatty_target(seed: int = 0) -> TinyTarget:
+    """A tiny target whose turns end by themselves: its output layer gets a bias towards the end
+    of sequence, so sampled turns stop after a few tokens instead of running to the cap."""
+    tiny = make_tiny_target(seed=seed)
+    head = tiny.model.lm_head
+    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[tiny.tokenizer.eos_token_id] = 2.0
+    tiny.model.lm_head = biased
+    return tiny
+
+
+def test_user_turn_prefix_opens_a_user_turn_through_the_template() -> None:
+    """The prefix is the template's rendering of a user turn up to where its content starts, after
+    any earlier messages; a template that rewrites the content is refused with the reason."""
+    tokenizer = tiny_tokenizer()
+    earlier = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    for messages in ([], earlier):
+        prefix = user_turn_prefix(tokenizer, messages)
+        rendered = chat_token_ids(tokenizer, [*messages, {"role": "user", "content": "abc"}], False)
+        assert rendered[: len(prefix)] == prefix
+        assert tokenizer.decode(rendered[len(prefix):]).startswith("abc")
+    assert tokenizer.decode(user_turn_prefix(tokenizer, earlier)) == "user: hi\nassistant: hello\nuser: "
+    tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
+    with pytest.raises(ConfigError, match="does not write a user turn's content verbatim"):
+        user_turn_prefix(tokenizer, [])
+
+
+def test_the_target_writes_user_turns_and_follow_ups(tmp_path: Path) -> None:
+    """Magpie-style synthesis: a conversation with no user turn gets its opening request sampled by
+    the target from the opened user turn, with the turn's own seed; with follow_ups=1 a
+    conversation, a given prompt's included, gets one more request written by the target after
+    its reply, then answered. A request that comes out empty ends its conversation (one with no
+    reply is not written). Requests differ across conversations, and the run is reproducible."""
+    tiny = chatty_target()
+    options = SynthesisOptions(max_new_tokens=60, batch_size=3, temperature=1.0, follow_ups=1,
+                               user_temperature=1.0, user_top_p=1.0, user_max_tokens=60, seed=7)
+    records = [*self_prompt_records(8, seed=7),
+               {"conversation_id": "given", "conversations": [{"role": "user", "content": "hello there"}]}]
+    out = tmp_path / "out.jsonl"
+    written = synthesize(tiny.model, tiny.tokenizer, records, out, options)
+    rows = {r["conversation_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert len(rows) == written
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    for cid, row in rows.items():
+        turns = row["conversations"]
+        assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant"][: len(turns)], cid
+        assert len(turns) in (2, 4)
+        for index in range(0, len(turns), 2):
+            if cid == "given" and index == 0:
+                assert turns[0]["content"] == "hello there"
+            else:
+                prefix = user_turn_prefix(tiny.tokenizer, turns[:index])
+                request = plain.generate([{"prompt_token_ids": prefix}], SamplingParams(
+                    max_tokens=60, temperature=1.0, seed=turn_seed(7, cid, f"user{index // 2}")))[0]
+                assert request.finish_reason == "stop" and turns[index]["content"] == request.text.strip()
+            reply = plain.generate([turns[: index + 1]], SamplingParams(
+                max_tokens=60, temperature=1.0, seed=turn_seed(7, cid, str(index // 2))))[0]
+            assert turns[index + 1]["content"] == reply.text
+    # Most turns end by themselves with this target; the seeds are fixed, so these counts are too.
+    assert "given" in rows and written >= 6
+    assert sum(len(row["conversations"]) == 4 for row in rows.values()) >= 3
+    openings = [row["conversations"][0]["content"] for cid, row in rows.items() if cid != "given"]
+    assert len(set(openings)) == len(openings)
+    assert all(row["source"] == "self-prompt" for cid, row in rows.items() if cid != "given")
+
+    again = tmp_path / "again.jsonl"
+    synthesize(tiny.model, tiny.tokenizer, records, again, options)
+    assert sorted(again.read_text().splitlines()) == sorted(out.read_text().splitlines())
+
+
+def test_a_request_cut_off_ends_its_conversation(tmp_path: Path) -> None:
+    """A user turn the target does not finish within user_max_tokens is dropped: a conversation
+    with nothing answered is not written, one with replies keeps them and ends there."""
+    tiny = make_tiny_target(seed=0)  # no bias: turns rarely end within 3 tokens
+    records = [*self_prompt_records(2, seed=0),
+               {"conversation_id": "given", "conversations": [{"role": "user", "content": "hi"}]}]
+    out = tmp_path / "out.jsonl"
+    options = SynthesisOptions(max_new_tokens=3, follow_ups=1, user_max_tokens=3, batch_size=4)
+    # The given prompt's reply is cut by max_new_tokens too, so it ends before its follow-up.
+    assert synthesize(tiny.model, tiny.tokenizer, records, out, options) == 1
+    assert [t["role"] for t in json.loads(out.read_text())["conversations"]] == ["user", "assistant"]
+    with pytest.raises(ConfigError, match="user_temperature must be > 0"):
+        synthesize(tiny.model, tiny.tokenizer, records, out, SynthesisOptions(user_temperature=0.0))
+
+
+def test_cli_self_prompts_need_no_input(tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_dir = tmp_path / "tiny"
+    tiny.model.save_pretrained(model_dir)
+    tiny.tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "out.jsonl"
+    assert main(["synthesize", "--model", str(model_dir), "--dtype", "float32", "--output", str(out)]) == 2
+    assert "give --input" in capsys.readouterr().err
+    assert main(["synthesize", "--model", str(model_dir), "--dtype", "float32", "--output", str(out),
+                 "--self-prompts", "3", "--user-max-tokens", "200", "--max-new-tokens", "2"]) == 0
+    assert capsys.readouterr().err.count("wrote") == 1

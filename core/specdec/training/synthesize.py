@@ -16,6 +16,15 @@ unless a temperature is given; a sampled reply's seed comes from the run's seed,
 conversation's id and the turn, so a resumed run draws what an uninterrupted one would. The
 output is appended to and flushed after every chunk of conversations; conversations whose id is
 already in it are skipped, so an interrupted run resumes where it stopped.
+
+The target can also write the user turns itself, as in Magpie (Xu et al., 2024, "Alignment Data
+Synthesis from Scratch by Prompting Aligned LLMs with Nothing"): given the chat template up to a
+user turn's header, an instruction-tuned model samples a request like those it was tuned on.
+:func:`self_prompt_records` makes conversations with no user turn, whose opening request the
+target writes; ``SynthesisOptions.follow_ups`` lets the target add follow-up requests after the
+input's turns are answered. This widens the data beyond a fixed prompt set towards the chat,
+writing and code requests the target was tuned on, with no evaluation prompt involved. A
+self-written request cut off by ``user_max_tokens`` or left empty ends its conversation.
 """
 
 from __future__ import annotations
@@ -47,6 +56,12 @@ class SynthesisOptions:
     seed: int = 0
     #: Replaces the input's system turn (``None``: keep the input's, if any).
     system_prompt: str | None = None
+    #: User turns the target writes after the input's are answered (Magpie-style follow-ups).
+    follow_ups: int = 0
+    #: Sampling of the user turns the target writes (always sampled: greedy would repeat one request).
+    user_temperature: float = 1.0
+    user_top_p: float = 0.95
+    user_max_tokens: int = 128
 
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
@@ -78,6 +93,33 @@ def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def turn_seed(run_seed: int, conversation_id: Any, turn: str) -> int:
+    """The sampling seed of one turn: from the run's seed, the conversation and the turn alone, so
+    a resumed run, or one in other batches, draws the same turn. ``turn`` is the reply's index
+    (``"0"``, ``"1"``...) or ``"user<index>"`` for a user turn the target writes."""
+    return random.Random(f"{run_seed}/{conversation_id}/{turn}").getrandbits(31)
+
+
+def self_prompt_records(count: int, seed: int) -> list[dict[str, Any]]:
+    """``count`` conversations without a user turn: the target writes their opening requests."""
+    return [{"conversation_id": f"self-{seed}-{index}", "conversations": [], "source": "self-prompt"}
+            for index in range(count)]
+
+
+def user_turn_prefix(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``messages`` followed by an opened user turn whose content is yet to come.
+
+    Rendered through the chat template with a marker as the user's content and cut at the marker,
+    so it works for any template that writes the content verbatim.
+    """
+    marker = "\u2063specdec-user-turn\u2063"
+    text = tokenizer.apply_chat_template([*messages, {"role": "user", "content": marker}], tokenize=False)
+    if marker not in text:
+        raise ConfigError("the tokenizer's chat template does not write a user turn's content verbatim, "
+                          "so the target cannot write user turns with it")
+    return list(tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"])
+
+
 def done_ids(path: str | Path) -> set[str]:
     """Conversation ids already written to ``path`` (for resuming)."""
     path = Path(path)
@@ -102,15 +144,29 @@ def prompt_turns(record: dict[str, Any]) -> list[dict[str, str]]:
 class _Conversation:
     """One input conversation being answered turn by turn."""
 
-    def __init__(self, record: dict[str, Any], system_prompt: str | None) -> None:
+    def __init__(self, record: dict[str, Any], system_prompt: str | None, follow_ups: int) -> None:
         self.record = record
         turns = record["conversations"]
         system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else [
             {"role": "system", "content": t["content"]} for t in turns[:1] if t["role"] == "system"]
         self.messages: list[dict[str, str]] = system
         self.questions = [t["content"] for t in turns if t["role"] == "user"]
+        # With no user turn in the input the target writes the opening request too.
+        self.to_write = follow_ups + (0 if self.questions else 1)
         self.answered = 0
         self.ended = False
+
+    def wants_user_turn(self) -> bool:
+        """Whether the target is to write this conversation's next user turn."""
+        return not self.ended and self.answered == len(self.questions) and self.to_write > 0
+
+    def ask(self, text: str | None) -> None:
+        """Add the user turn the target wrote; ``None`` (cut off or empty) ends the conversation."""
+        self.to_write -= 1
+        if text is None:
+            self.ended = True
+        else:
+            self.questions.append(text)
 
     def next_prompt(self) -> list[dict[str, str]] | None:
         """The conversation up to its next user turn, or ``None`` when it is done."""
@@ -124,6 +180,27 @@ class _Conversation:
         self.ended = cut
 
 
+def _write_user_turns(llm: LLM, tokenizer: Any, conversations: list[_Conversation], options: SynthesisOptions) -> int:
+    """The target writes the next user turn of each of ``conversations``; returns the tokens generated."""
+    asked = []
+    for conversation in conversations:
+        ids = user_turn_prefix(tokenizer, conversation.messages)
+        if len(ids) > options.max_prompt_tokens:
+            conversation.ask(None)
+            continue
+        seed = turn_seed(options.seed, conversation.record["conversation_id"], f"user{len(conversation.questions)}")
+        params = SamplingParams(max_tokens=options.user_max_tokens, temperature=options.user_temperature,
+                                top_p=options.user_top_p, seed=seed)
+        asked.append((conversation, {"prompt_token_ids": ids}, params))
+    if not asked:
+        return 0
+    replies = llm.generate([prompt for _, prompt, _ in asked], [params for _, _, params in asked])
+    for (conversation, _, _), reply in zip(asked, replies):
+        text = reply.text.strip()
+        conversation.ask(text if text and reply.finish_reason != "length" else None)
+    return sum(len(reply.token_ids) for reply in replies)
+
+
 def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output: str | Path,
                options: SynthesisOptions, on_batch: Callable[[int, int], None] | None = None) -> int:
     """Append the target's answers to ``records`` to ``output``; returns how many conversations
@@ -134,8 +211,13 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
     longer than ``options.max_prompt_tokens`` is skipped: long prompts cost most and teach a
     short-context drafter least.
     """
-    if options.batch_size < 1 or options.max_new_tokens < 1:
-        raise ConfigError("batch_size and max_new_tokens must be at least 1")
+    if options.batch_size < 1 or options.max_new_tokens < 1 or options.user_max_tokens < 1:
+        raise ConfigError("batch_size, max_new_tokens and user_max_tokens must be at least 1")
+    if options.follow_ups < 0:
+        raise ConfigError("follow_ups must be at least 0")
+    if options.user_temperature <= 0 or not 0 < options.user_top_p <= 1:
+        raise ConfigError("user_temperature must be > 0 and user_top_p in (0, 1]: the user turns the target "
+                          "writes are sampled")
     skip = done_ids(output)
     todo = [record for record in records if str(record["conversation_id"]) not in skip]
     written = 0
@@ -145,10 +227,13 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
     with LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size) as llm, \
             output.open("a", encoding="utf-8") as sink:
         for start in range(0, len(todo), chunk):
-            conversations = [_Conversation(record, options.system_prompt) for record in todo[start : start + chunk]]
+            conversations = [_Conversation(record, options.system_prompt, options.follow_ups)
+                             for record in todo[start : start + chunk]]
             tokens = 0
-            # One round per turn: every conversation still going answers its next user turn.
+            # One round per turn: the target writes the user turns due, then every conversation
+            # still going answers its next user turn.
             while True:
+                tokens += _write_user_turns(llm, tokenizer, [c for c in conversations if c.wants_user_turn()], options)
                 asked = []
                 for conversation in conversations:
                     messages = conversation.next_prompt()
@@ -158,9 +243,9 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
                     if len(ids) > options.max_prompt_tokens:
                         conversation.ended = True
                         continue
-                    seed = random.Random(f"{options.seed}/{conversation.record['conversation_id']}/{conversation.answered}")
+                    seed = turn_seed(options.seed, conversation.record["conversation_id"], str(conversation.answered))
                     params = SamplingParams(max_tokens=options.max_new_tokens, temperature=options.temperature,
-                                            top_p=options.top_p, seed=seed.getrandbits(31))
+                                            top_p=options.top_p, seed=seed)
                     asked.append((conversation, {"prompt_token_ids": ids}, params))
                 if not asked:
                     break
