@@ -63,6 +63,16 @@ class SynthesisOptions:
     user_top_p: float = 0.95
     user_max_tokens: int = 128
 
+    def __post_init__(self) -> None:
+        # Checked here, so a command fails on a bad option before it loads the model.
+        if self.batch_size < 1 or self.max_new_tokens < 1 or self.user_max_tokens < 1:
+            raise ConfigError("batch_size, max_new_tokens and user_max_tokens must be at least 1")
+        if self.follow_ups < 0:
+            raise ConfigError("follow_ups must be at least 0")
+        if self.user_temperature <= 0 or not 0 < self.user_top_p <= 1:
+            raise ConfigError("user_temperature must be > 0 and user_top_p in (0, 1]: the user turns the target "
+                              "writes are sampled")
+
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
     """Load and check a conversations jsonl file; a bad line is a one-line error naming it."""
@@ -211,13 +221,6 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
     longer than ``options.max_prompt_tokens`` is skipped: long prompts cost most and teach a
     short-context drafter least.
     """
-    if options.batch_size < 1 or options.max_new_tokens < 1 or options.user_max_tokens < 1:
-        raise ConfigError("batch_size, max_new_tokens and user_max_tokens must be at least 1")
-    if options.follow_ups < 0:
-        raise ConfigError("follow_ups must be at least 0")
-    if options.user_temperature <= 0 or not 0 < options.user_top_p <= 1:
-        raise ConfigError("user_temperature must be > 0 and user_top_p in (0, 1]: the user turns the target "
-                          "writes are sampled")
     skip = done_ids(output)
     todo = [record for record in records if str(record["conversation_id"]) not in skip]
     written = 0
