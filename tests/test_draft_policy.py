@@ -116,6 +116,25 @@ def test_batch_length_weighs_every_request():
     assert ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4]).best_length([good, good], [4, 0]) == 4
 
 
+def test_trees_are_drafted_whole_or_not_at_all():
+    """A tree's estimate holds its accepted depths; chain estimates from them would cut a 12-node
+    tree to the few nodes a chain of that acceptance pays for (what the real model's head got, at
+    about 0.06 forwards of drafting per node), losing the branches. The tree policy keeps all the
+    offered nodes when the whole tree beats plain decoding and none when it does not."""
+    cost = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.05, 1.05, 1.05, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1])
+    trees = estimate(*[(5, 2), (5, 1), (5, 0), (5, 3)] * 4)
+    assert cost.best_length([trees], [12], draft_cost=0.06) < 12
+    assert cost.best_length([trees], [12], draft_cost=0.06, tree_depth=5) == 12
+    # Expected tokens of the whole tree come from its depth, its cost from all its nodes.
+    gain = trees.expected_tokens(5)[5]
+    assert cost.tree_pays([trees], [12], 5, draft_cost=(gain / 1.01 - 1.1) / 12)
+    assert not cost.tree_pays([trees], [12], 5, draft_cost=(gain / 0.99 - 1.1) / 12)
+    assert cost.best_length([steady(16, 5, 0)], [12], draft_cost=0.06, tree_depth=5) == 0
+    # A request with a smaller budget drafts a shallower tree, and the batch pays the widest forward.
+    shallow = trees.expected_tokens(2)[2]
+    assert cost.tree_pays([trees, trees], [12, 2], 5) == (gain + shallow > 2 * 1.1)
+
+
 def everywhere(cost: ForwardCost) -> ContextCost:
     """The same relative costs at every context (a one-second unit, so drafting time is ~free)."""
     cost = ForwardCost(cost.relative, base_seconds=1.0)

@@ -20,6 +20,11 @@ picks one length ``L`` for the batch: the longest whose summed expected tokens p
 come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding). Before drafting, the cost
 includes the drafter's own time per drafted token, measured as the engine runs (a draft model's
 forwards are not free; an n-gram lookup nearly is).
+
+Trees (a method whose ``max_draft_tokens`` exceeds its depth ``max_draft_len``) are drafted whole
+or not at all: the estimate then holds each tree's accepted depth, which gives the expected tokens
+of the whole tree, and cutting a tree to the length a chain would get loses the branches that make
+it worth drafting.
 """
 
 from __future__ import annotations
@@ -149,14 +154,23 @@ class ForwardCost:
         return [r * self.base_seconds for r in self.relative]
 
     def best_length(
-        self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int], draft_cost: float = 0.0
+        self,
+        estimates: Sequence[AcceptanceEstimate],
+        offered: Sequence[int],
+        draft_cost: float = 0.0,
+        tree_depth: int | None = None,
     ) -> int:
         """The longest draft length for the batch whose expected tokens per unit of cost are within
         ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts.
 
         ``draft_cost`` is what drafting one more token for the batch costs, in one-token forwards
         (0 once the drafts exist: their cost is spent).
+
+        ``tree_depth`` says the drafts will form trees of at most that depth: then the choice is
+        all the offered nodes or none (see :meth:`tree_pays`).
         """
+        if tree_depth is not None:
+            return max(offered, default=0) if self.tree_pays(estimates, offered, tree_depth, draft_cost) else 0
         longest = min(max(offered, default=0), len(self.relative) - 1)
         gains = [e.expected_tokens(min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
         rates = [
@@ -167,6 +181,24 @@ class ForwardCost:
             # Drafting must be expected to win, not merely to lose less than the tolerance.
             return 0
         return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE))
+
+
+    def tree_pays(
+        self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int], depth: int, draft_cost: float = 0.0
+    ) -> bool:
+        """Whether drafting trees of ``offered[b]`` nodes, at most ``depth`` deep, beats plain decoding.
+
+        A tree's worth is in its branches: the first ``n`` nodes of a tree are not a chain of
+        ``n``, so a tree is not cut by chain estimates. Its method sized it (depth, top-k, nodes);
+        a request's estimate, recorded from its trees' accepted depths, gives the expected tokens
+        of its whole tree, and the cost is the forward as wide as the largest tree plus drafting
+        every node.
+        """
+        width = min(max(offered, default=0), len(self.relative) - 1)
+        if width == 0:
+            return False
+        gained = sum(e.expected_tokens(min(depth, n))[-1] for e, n in zip(estimates, offered, strict=True))
+        return gained / (self.relative[width] + draft_cost * width) > len(estimates)
 
 
 class ContextCost:

@@ -187,7 +187,10 @@ class Engine:
             # Before drafting: a batch whose recent acceptance does not pay for the drafting and
             # the wider forward skips the drafter.
             draft_cost = self.draft_seconds.get(len(batch), 0.0) / cost.base_seconds if cost.base_seconds else 0.0
-            keep = cost.best_length([r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost)
+            tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
+            keep = cost.best_length(
+                [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth
+            )
             if keep == 0 and len(batch) in self.draft_seconds:
                 # Paused steps fade the drafting-time estimate, so one slow measurement does not
                 # pause drafting for good: it is measured again once it looks affordable.

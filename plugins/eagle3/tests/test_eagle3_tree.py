@@ -11,6 +11,7 @@ from eagle3_tiny import fitted_head
 from torch.nn import functional as F
 
 from specdec import LLM, SamplingParams
+from specdec.draft_policy import ContextCost, ForwardCost
 from specdec.errors import ConfigError
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import save_head
@@ -210,3 +211,20 @@ def test_adaptive_cuts_keep_trees_lossless(target, head_dir, expected) -> None:
                                SamplingParams(max_tokens=32, ignore_eos=True))
         assert llm.get_metrics().num_drafts > 0, "the adaptive policy drafted nothing: the test would prove nothing"
     assert [o.token_ids for o in outputs] == [expected[t] for t in PROMPTS]
+
+
+def test_adaptive_policy_drafts_whole_trees(target, head_dir, expected, monkeypatch) -> None:
+    """The adaptive policy drafts a tree whole or not at all: when forwards wider than the tree's
+    depth cost half as much again, a chain of the same acceptance would be cut to that depth, but
+    the tree pays whole, so every tree gets all its nodes (or what the token budget leaves)."""
+    proposals, _ = _recording(monkeypatch)
+    prompt = target.encode(PROMPTS[0])
+    with LLM(target.model, _config(head_dir, adaptive_draft_len=True), tokenizer=target.tokenizer, max_batch_size=1) as llm:
+        step = ForwardCost([1.0] * (DEPTH + 1) + [1.5] * (NODES - DEPTH), base_seconds=1.0)
+        llm.engine.forward_costs[1] = ContextCost((128, 1024), (step, step))
+        output = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=32, ignore_eos=True))[0]
+    assert output.token_ids == expected[PROMPTS[0]]
+    assert len(proposals) > 3
+    for tokens, _, budget, proposal in proposals:
+        assert budget == min(NODES, 32 - (len(tokens) - len(prompt)) - 1)
+        assert len(proposal) == budget
