@@ -130,9 +130,12 @@ def test_trees_are_drafted_whole_or_not_at_all():
     assert cost.tree_pays([trees], [12], 5, draft_cost=(gain / 1.01 - 1.1) / 12)
     assert not cost.tree_pays([trees], [12], 5, draft_cost=(gain / 0.99 - 1.1) / 12)
     assert cost.best_length([steady(16, 5, 0)], [12], draft_cost=0.06, tree_depth=5) == 0
-    # A request with a smaller budget drafts a shallower tree, and the batch pays the widest forward.
+    # A request with a budget of 2 drafts a tree 2 deep, worth less, while the batch pays the
+    # widest forward: at a cost between the two, two deep trees pay and a deep and a shallow do not.
     shallow = trees.expected_tokens(2)[2]
-    assert cost.tree_pays([trees, trees], [12, 2], 5) == (gain + shallow > 2 * 1.1)
+    between = ((3 * gain + shallow) / 4 - 1.1) / 12
+    assert cost.tree_pays([trees, trees], [12, 12], 5, draft_cost=between)
+    assert not cost.tree_pays([trees, trees], [12, 2], 5, draft_cost=between)
 
 
 def everywhere(cost: ForwardCost) -> ContextCost:

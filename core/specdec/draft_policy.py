@@ -182,7 +182,6 @@ class ForwardCost:
             return 0
         return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE))
 
-
     def tree_pays(
         self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int], depth: int, draft_cost: float = 0.0
     ) -> bool:
