@@ -5,7 +5,14 @@ import time
 import pytest
 
 from specdec import LLM, SamplingParams, UserProvidedDecodingConfig
-from specdec.draft_policy import PRIOR_ACCEPTANCE, PRIOR_WEIGHT, AcceptanceEstimate, ContextCost, ForwardCost
+from specdec.draft_policy import (
+    PRIOR_ACCEPTANCE,
+    PRIOR_WEIGHT,
+    AcceptanceEstimate,
+    ContextCost,
+    DraftTime,
+    ForwardCost,
+)
 
 
 def estimate(*steps: tuple[int, int], window: int = 16) -> AcceptanceEstimate:
@@ -195,21 +202,39 @@ def test_drafting_cost_counts_before_drafting():
     assert cost.best_length([half], [4], draft_cost=1.0) == 0
 
 
+def test_paused_steps_fade_drafting_time_to_the_fastest_measured_not_to_zero():
+    """Before a second measurement, paused steps fade the estimate toward zero (the first may have
+    paid one-time setup); after it, toward the fastest measured step and never below it."""
+    first_only = DraftTime(0.5)
+    for _ in range(200):
+        first_only.fade(16)
+    assert first_only.seconds < 0.001
+    measured = DraftTime(0.5)
+    measured.record(0.010)
+    measured.record(0.012)
+    assert measured.seconds > 0.2
+    for _ in range(200):
+        measured.fade(16)
+    assert measured.seconds == pytest.approx(0.010, rel=1e-3)
+
+
 def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
     """A drafter that sleeps 30 ms per drafted token, against a tiny target whose forwards take
-    about a millisecond, is measured and then mostly skipped; the output is unchanged."""
+    about a millisecond, is measured twice and then never drafts again: its fastest step stays
+    30 times a forward, however long drafting is paused (fading to zero, as the engine once did,
+    re-probed it every 60 steps or so). The output is unchanged."""
     class Slow:
         def prepare_draft_tokens(self, requests, resource_manager):
             time.sleep(0.03 * max(r.max_draft_len for r in requests))
             return [[r.token_ids[-1]] * r.max_draft_len for r in requests]
 
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
-    params = SamplingParams(max_tokens=60, ignore_eos=True)
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
     with LLM(tiny.model, UserProvidedDecodingConfig(drafter=Slow(), max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
         got = llm.generate(prompt, params)[0]
     assert got.token_ids == plain.token_ids
-    assert 0 < got.metrics.num_drafts <= got.metrics.num_steps // 4
+    assert got.metrics.num_drafts == 2
 
 
 def test_a_new_request_starts_from_the_methods_recent_acceptance():

@@ -19,7 +19,7 @@ The batch verifies every request at one width (rows are padded to the longest), 
 picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
 come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding). Before drafting, the cost
 includes the drafter's own time per drafted token, measured as the engine runs (a draft model's
-forwards are not free; an n-gram lookup nearly is).
+forwards are not free; an n-gram lookup nearly is; see :class:`DraftTime`).
 
 Trees (a method whose ``max_draft_tokens`` exceeds its depth ``max_draft_len``) are drafted whole
 or not at all: the estimate then holds each tree's accepted depth, which gives the expected tokens
@@ -46,6 +46,33 @@ TOLERANCE = 0.05
 DEFAULT_WINDOW = 16
 #: Weight of the newest step in the running drafting-time estimate.
 DRAFT_TIME_WEIGHT = 0.2
+
+
+class DraftTime:
+    """The drafter's time per drafted token at one batch size, as drafting steps measure it.
+
+    ``seconds`` is a running average. ``floor`` is the fastest step measured after the first (the
+    first call of a new shape pays one-time setup): what the drafter costs on an undisturbed
+    machine. Paused steps fade the average toward the floor (:meth:`fade`), so one slow
+    measurement (a busy machine, a catch-up after a long pause) does not pause drafting for good;
+    but not below it: a drafter that always costs too much at this batch size would otherwise
+    look free after enough paused steps and be probed again and again, each probe making every
+    row of the batch pay. Until a second measurement sets the floor, the fade goes toward zero.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.floor: float | None = None
+
+    def record(self, seconds: float) -> None:
+        self.seconds += DRAFT_TIME_WEIGHT * (seconds - self.seconds)
+        self.floor = seconds if self.floor is None else min(self.floor, seconds)
+
+    def fade(self, window: int) -> None:
+        """One paused step: move ``1 / window`` of the way down to the floor."""
+        floor = self.floor or 0.0
+        if self.seconds > floor:
+            self.seconds -= (self.seconds - floor) / window
 
 
 class AcceptanceEstimate:

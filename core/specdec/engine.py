@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import DRAFT_TIME_WEIGHT, AcceptanceEstimate, ContextCost
+from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
@@ -61,8 +61,8 @@ class Engine:
         self._adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
         #: Measured forward cost by batch size (adaptive draft length only).
         self.forward_costs: dict[int, ContextCost] = {}
-        #: Running drafting time per drafted token (per round: the longest proposal), by batch size.
-        self.draft_seconds: dict[int, float] = {}
+        #: Drafting time per drafted token (per round: the longest proposal), by batch size.
+        self.draft_time: dict[int, DraftTime] = {}
         #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
         self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
 
@@ -186,25 +186,26 @@ class Engine:
         if cost is not None:
             # Before drafting: a batch whose recent acceptance does not pay for the drafting and
             # the wider forward skips the drafter.
-            draft_cost = self.draft_seconds.get(len(batch), 0.0) / cost.base_seconds if cost.base_seconds else 0.0
+            measured = self.draft_time.get(len(batch))
+            draft_cost = measured.seconds / cost.base_seconds if measured is not None and cost.base_seconds else 0.0
             tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
             keep = cost.best_length(
                 [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth
             )
-            if keep == 0 and len(batch) in self.draft_seconds:
-                # Paused steps fade the drafting-time estimate, so one slow measurement does not
-                # pause drafting for good: it is measured again once it looks affordable.
-                self.draft_seconds[len(batch)] *= 1 - 1 / config.adaptive_window
+            if keep == 0 and measured is not None:
+                measured.fade(config.adaptive_window)
             for request in batch:
                 request.max_draft_len = min(request.max_draft_len, keep)
         if any(r.max_draft_len for r in batch):
-            draft_start = time.perf_counter()
+            setup, draft_start = self.resource_manager.setup_seconds(), time.perf_counter()
             proposals = self._draft(batch)
             longest = max(len(p) for p in proposals)
             if longest:
-                per_token = (time.perf_counter() - draft_start) / longest
-                previous = self.draft_seconds.get(len(batch), per_token)
-                self.draft_seconds[len(batch)] = previous + DRAFT_TIME_WEIGHT * (per_token - previous)
+                elapsed = time.perf_counter() - draft_start - (self.resource_manager.setup_seconds() - setup)
+                if len(batch) in self.draft_time:
+                    self.draft_time[len(batch)].record(elapsed / longest)
+                else:
+                    self.draft_time[len(batch)] = DraftTime(elapsed / longest)
         else:
             proposals = [DraftProposal() for _ in batch]
         if cost is not None and any(len(p) for p in proposals) and all(p.parents is None for p in proposals):

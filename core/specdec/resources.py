@@ -51,3 +51,13 @@ class ResourceManager:
     def release(self) -> None:
         """Free everything this manager holds. Subclasses call ``super().release()``."""
         self.released = True
+
+    def setup_seconds(self) -> float:
+        """Seconds spent so far, inside drafting calls, on one-time work per request.
+
+        A method that defers per-request setup to the first step that drafts for the request
+        (a draft model prefilling its prompt only when it is needed) reports that time here. The
+        engine reads it around each drafting call and keeps it out of the per-token drafting
+        cost its adaptive policy weighs; the time still counts in the request's metrics.
+        """
+        return 0.0

@@ -3,9 +3,9 @@
 Each running request has a row in the draft's :class:`~specdec.kv_cache.BatchKVCache`. A row
 holds a prefix of the request's tokens (``committed``) followed by the drafts fed back into it
 while drafting (``pending``). Each step first reconciles the rows with the engine's batch (rows of
-finished requests leave, requests that joined bring the row their prompt was prefilled into, and
-rows follow the batch's order), keeps the pending drafts the request really emitted and drops the
-rest, then drafts for every request at once:
+finished requests leave, rows follow the batch's order, and a request drafted for the first time
+gets its row: its tokens so far are prefilled alone, then the row joins), keeps the pending
+drafts the request really emitted and drops the rest, then drafts for every request at once:
 
 - one batched forward feeds each row the tokens the target emitted since it last drafted
   (usually the bonus token, or the whole tail after steps without drafting);
@@ -24,10 +24,16 @@ go on depends only on tokens already drafted, so sampled output keeps the target
 
 Reconciling from ``request.token_ids`` at each step makes the state right whatever happened in
 between, including steps the engine ran without drafting.
+
+The prefill waits for the first step that drafts: a request the engine's policy never drafts for
+(a large batch where drafting does not pay, a long prompt that would not repay its prefill)
+never costs the draft a forward. Its time is reported apart (``prefill_seconds``), so the engine
+does not mistake it for the per-token cost of drafting.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -48,8 +54,6 @@ class DraftState:
     tokens: list[int] = field(default_factory=list)
     #: How many leading ``tokens`` are known to equal the request's own tokens.
     committed: int = 0
-    #: The row the prompt was prefilled into, until it joins the batch cache.
-    joining: BatchKVCache | None = None
 
 
 class DraftModel:
@@ -68,15 +72,12 @@ class DraftModel:
         self.cache = self.runner.new_cache(rows=0)
         #: Request ids of the cache's rows, in row order.
         self.rows: list[int] = []
+        #: Seconds spent prefilling requests' rows so far.
+        self.prefill_seconds = 0.0
 
     def add(self, request: Request) -> DraftState:
-        """Prefill the draft on the request's tokens but the last (alone); the row joins the batch
-        at the next step, which feeds that last token."""
-        cache = self.runner.new_cache()
-        prefix = request.token_ids[:-1]
-        if prefix:
-            self.runner.forward(cache, prefix, last_only=True)
-        return DraftState(list(prefix), len(prefix), cache)
+        """The request's state; its row is prefilled at the first step that drafts for it."""
+        return DraftState()
 
     def propose(self, requests: list[Request]) -> list[DraftProposal]:
         """Draft up to ``request.max_draft_len`` tokens after each request's ``token_ids``."""
@@ -147,14 +148,25 @@ class DraftModel:
             self.cache.select_rows(keep)
             self.rows = [self.rows[i] for i in keep]
         for request, state in zip(requests, states):
-            if state.joining is not None:
-                self.cache.append_rows(state.joining)
+            if request.request_id not in present:
+                self.cache.append_rows(self._prefill(request, state))
                 self.rows.append(request.request_id)
-                state.joining = None
         if self.rows != wanted:
             position = {rid: i for i, rid in enumerate(self.rows)}
             self.cache.select_rows([position[rid] for rid in wanted])
             self.rows = wanted
+
+    def _prefill(self, request: Request, state: DraftState) -> BatchKVCache:
+        """A row holding the request's tokens but the last, forwarded alone (a batched forward
+        would pad every other row to this one's length); the step's first forward feeds the last."""
+        start = time.perf_counter()
+        cache = self.runner.new_cache()
+        prefix = request.token_ids[:-1]
+        if prefix:
+            self.runner.forward(cache, prefix, last_only=True)
+        state.tokens, state.committed = list(prefix), len(prefix)
+        self.prefill_seconds += time.perf_counter() - start
+        return cache
 
     def _keep_confirmed(self, requests: list[Request], states: list[DraftState]) -> None:
         """Keep each row's pending drafts that its request emitted; drop the others."""

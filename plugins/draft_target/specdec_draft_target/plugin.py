@@ -77,6 +77,9 @@ class DraftTargetResources(ResourceManager):
     def free_request(self, request: Request) -> None:
         request.method_state = None
 
+    def setup_seconds(self) -> float:
+        return self.drafter.prefill_seconds if self.drafter is not None else 0.0
+
     def release(self) -> None:
         self.drafter.release()
         self.drafter = None
