@@ -53,11 +53,12 @@ class ResourceManager:
         self.released = True
 
     def setup_seconds(self) -> float:
-        """Seconds spent so far, inside drafting calls, on one-time work per request.
+        """Seconds spent so far, inside drafting calls, on work a steady drafting step does not do.
 
-        A method that defers per-request setup to the first step that drafts for the request
-        (a draft model prefilling its prompt only when it is needed) reports that time here. The
-        engine reads it around each drafting call and keeps it out of the per-token drafting
-        cost its adaptive policy weighs; the time still counts in the request's metrics.
+        A method that defers per-request setup to the first step that drafts for the request (a
+        draft model prefilling its prompt only when it is needed), or that catches its state up on
+        tokens emitted while drafting was paused, reports that time here. The engine reads it
+        around each drafting call and keeps it out of the per-token drafting cost its adaptive
+        policy weighs; the time still counts in the request's metrics.
         """
         return 0.0

@@ -7,8 +7,9 @@ finished requests leave, rows follow the batch's order, and a request drafted fo
 gets its row: its tokens so far are prefilled alone, then the row joins), keeps the pending
 drafts the request really emitted and drops the rest, then drafts for every request at once:
 
-- one batched forward feeds each row the tokens the target emitted since it last drafted
-  (usually the bonus token, or the whole tail after steps without drafting);
+- one batched forward feeds each row the token the target emitted since it last drafted (the
+  bonus or corrected token); rows further behind, after steps without drafting, are first fed
+  the rest of their tail in one batched forward of its own;
 - ``k - 1`` batched one-token forwards extend every row's chain (the last draft is never fed:
   nothing needs its logits), ``k`` being the longest budget; rows with shorter budgets are
   padded and rolled back.
@@ -27,8 +28,8 @@ between, including steps the engine ran without drafting.
 
 The prefill waits for the first step that drafts: a request the engine's policy never drafts for
 (a large batch where drafting does not pay, a long prompt that would not repay its prefill)
-never costs the draft a forward. Its time is reported apart (``prefill_seconds``), so the engine
-does not mistake it for the per-token cost of drafting.
+never costs the draft a forward. The prefill's and the catch-up's time is reported apart
+(``sync_seconds``), so the engine does not mistake it for the per-token cost of drafting.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ class DraftModel:
         self.cache = self.runner.new_cache(rows=0)
         #: Request ids of the cache's rows, in row order.
         self.rows: list[int] = []
-        #: Seconds spent prefilling requests' rows so far.
-        self.prefill_seconds = 0.0
+        #: Seconds spent so far bringing rows up to date: prefilling a request's row, and feeding
+        #: it the tokens emitted while drafting was paused for it.
+        self.sync_seconds = 0.0
 
     def add(self, request: Request) -> DraftState:
         """The request's state; its row is prefilled at the first step that drafts for it."""
@@ -98,7 +100,14 @@ class DraftModel:
             feed.append(new)
         if any(refed):
             self.cache.rollback_rows(refed)
-        logits = [self._draft_logits(out.logits[-1]) for out in self.runner.forward_rows(self.cache, feed)]
+        if max(len(new) for new in feed) > 1:
+            # Rows behind by more than one token (drafting was paused for them) catch up first,
+            # timed apart: a steady drafting step feeds each row one token.
+            start = time.perf_counter()
+            self.runner.forward_rows(self.cache, [new[:-1] for new in feed])
+            self.sync_seconds += time.perf_counter() - start
+        outputs = self.runner.forward_rows(self.cache, [new[-1:] for new in feed])
+        logits = [self._draft_logits(out.logits[-1]) for out in outputs]
         for state, new in zip(states, feed):
             state.tokens.extend(new)
             state.committed = len(state.tokens)
@@ -165,7 +174,7 @@ class DraftModel:
         if prefix:
             self.runner.forward(cache, prefix, last_only=True)
         state.tokens, state.committed = list(prefix), len(prefix)
-        self.prefill_seconds += time.perf_counter() - start
+        self.sync_seconds += time.perf_counter() - start
         return cache
 
     def _keep_confirmed(self, requests: list[Request], states: list[DraftState]) -> None:

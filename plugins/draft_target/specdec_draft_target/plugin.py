@@ -78,7 +78,7 @@ class DraftTargetResources(ResourceManager):
         request.method_state = None
 
     def setup_seconds(self) -> float:
-        return self.drafter.prefill_seconds if self.drafter is not None else 0.0
+        return self.drafter.sync_seconds if self.drafter is not None else 0.0
 
     def release(self) -> None:
         self.drafter.release()

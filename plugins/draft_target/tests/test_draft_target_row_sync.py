@@ -1,13 +1,18 @@
-"""The draft prefills a request's row only when the engine first drafts for it, and that prefill
-is not mistaken for the per-token cost of drafting."""
+"""The draft prefills a request's row only when the engine first drafts for it, catches a row up
+after paused steps in a forward of its own, and neither is mistaken for the per-token cost of
+drafting."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from specdec import LLM, SamplingParams
+import torch
+
+from specdec import LLM, Request, SamplingParams
 from specdec.draft_policy import ContextCost, ForwardCost
+from specdec.models import load_model
+from specdec_draft_target.drafter import DraftModel
 
 
 def config(draft: Path, **options: object) -> dict:
@@ -66,3 +71,33 @@ def test_rows_prefilled_late_stay_lossless(tiny, small_draft_dir: Path) -> None:
         got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [g.token_ids for g in got] == expected
     assert got[2].metrics.num_drafts > 0 and prefilled == [len(prompts[2]) + 30]
+
+
+def test_rows_behind_catch_up_apart_and_draft_as_if_never_paused(tiny, small_draft_dir: Path) -> None:
+    """Two rows draft; then one gets six tokens it was not drafted for (drafting was paused for
+    it) and the other only its bonus token. The next step catches the first row up in a forward
+    of its own, timed as sync work, and both rows draft what the draft would from scratch."""
+    model, _ = load_model(str(small_draft_dir), torch.float32, "cpu")
+    reference, _ = load_model(str(small_draft_dir), torch.float32, "cpu")
+    drafter = DraftModel(model, len(tiny.tokenizer))
+    texts = ("hello world, hello", "the cat sat on")
+    requests = [Request(i, tiny.encode(t), len(tiny.encode(t)), SamplingParams(max_tokens=64), None)
+                for i, t in enumerate(texts)]
+    for request in requests:
+        request.method_state = drafter.add(request)
+        request.max_draft_len = 3
+    drafter.propose(requests)
+    prefilled = drafter.sync_seconds
+    requests[0].token_ids += tiny.encode(" the mat, the cat")[:6]
+    requests[1].token_ids.append(tiny.encode("x")[0])
+    got = [p.token_ids for p in drafter.propose(requests)]
+    assert drafter.sync_seconds > prefilled
+
+    def greedy(ids: list[int]) -> list[int]:
+        out = list(ids)
+        with torch.no_grad():
+            for _ in range(3):
+                out.append(int(reference(torch.tensor([out])).logits[0, -1].argmax()))
+        return out[len(ids):]
+
+    assert got == [greedy(r.token_ids) for r in requests]
