@@ -216,6 +216,11 @@ def test_paused_steps_fade_drafting_time_to_the_fastest_measured_not_to_zero():
     for _ in range(200):
         measured.fade(16)
     assert measured.seconds == pytest.approx(0.010, rel=1e-3)
+    # A first measurement faded toward zero does not drag the estimate below the fastest step.
+    for _ in range(200):
+        first_only.fade(16)
+    first_only.record(0.012)
+    assert first_only.seconds == pytest.approx(0.012)
 
 
 def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):

@@ -57,7 +57,8 @@ class DraftTime:
     measurement (a busy machine, a catch-up after a long pause) does not pause drafting for good;
     but not below it: a drafter that always costs too much at this batch size would otherwise
     look free after enough paused steps and be probed again and again, each probe making every
-    row of the batch pay. Until a second measurement sets the floor, the fade goes toward zero.
+    row of the batch pay. Until a second measurement sets the floor, the fade goes toward zero;
+    from then on the average never falls below the floor.
     """
 
     def __init__(self, seconds: float) -> None:
@@ -65,14 +66,14 @@ class DraftTime:
         self.floor: float | None = None
 
     def record(self, seconds: float) -> None:
-        self.seconds += DRAFT_TIME_WEIGHT * (seconds - self.seconds)
+        """A drafting step after the first; the average never falls below the floor (a first
+        measurement faded toward zero must not keep a costly drafter looking cheap)."""
         self.floor = seconds if self.floor is None else min(self.floor, seconds)
+        self.seconds = max(self.seconds + DRAFT_TIME_WEIGHT * (seconds - self.seconds), self.floor)
 
     def fade(self, window: int) -> None:
         """One paused step: move ``1 / window`` of the way down to the floor."""
-        floor = self.floor or 0.0
-        if self.seconds > floor:
-            self.seconds -= (self.seconds - floor) / window
+        self.seconds -= (self.seconds - (self.floor or 0.0)) / window
 
 
 class AcceptanceEstimate:
