@@ -151,6 +151,39 @@ def test_bench_batch_size_compares_batched_throughput(tiny_dir: Path, tmp_path: 
     assert summary["overall"]["speedup"] > 0 and "speedup_vs_hf" not in summary["overall"]
 
 
+def test_bench_ignore_eos_generates_max_tokens_in_every_mode(tmp_path: Path) -> None:
+    """With a token the model generates early made an EOS, every mode stops there; with
+    `--ignore-eos`, plain, speculative and transformers' decoding all generate exactly
+    `--max-tokens`, so outputs that differ cannot differ in length."""
+    import torch
+
+    from specdec.testing import make_tiny_target
+
+    target = make_tiny_target()
+    prompt = "hello world, hello"
+    with torch.no_grad():
+        early = int(target.model(torch.tensor([target.encode(prompt)])).logits[0, -1].argmax())
+    target.model.generation_config.eos_token_id = early
+    model_dir = tmp_path / "model"
+    target.model.save_pretrained(model_dir)
+    target.tokenizer.save_pretrained(model_dir)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "category": "a", "turns": [prompt]}))
+    lengths = {}
+    for flags in ((), ("--ignore-eos",)):
+        out = tmp_path / f"bench{len(flags)}.json"
+        result = specdec("bench", "--model", str(model_dir), "--dtype", "float32", "--method", "ngram", "--dataset",
+                         str(data), "--max-tokens", "12", "--baseline", "none,hf", *flags, "--json", str(out))
+        assert result.returncode == 0, result.stderr
+        payload = json.loads(out.read_text())
+        assert payload["sampling"]["ignore_eos"] == bool(flags)
+        lengths[flags] = {mode: run["num_tokens"] for mode, run in payload["turns"][0]["runs"].items()}
+    # The chat template comes first, so the EOS comes a few tokens in; each mode stops there.
+    assert set(lengths[()]) == {"plain", "spec", "hf"} and len(set(lengths[()].values())) == 1
+    assert lengths[()]["plain"] < 12
+    assert lengths[("--ignore-eos",)] == dict.fromkeys(("plain", "spec", "hf"), 12)
+
+
 def test_list_methods_reports_installed_and_broken_plugins(installed_plugins: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A pip-installed plugin is listed with its distribution and version; a plugin that fails to
     import is listed with its error, and the command still succeeds."""

@@ -72,14 +72,14 @@ class HFPeer:
         }
         eos = sorted(llm.engine.stops.eos_token_ids)
         self.base = {"pad_token_id": eos[0] if eos else None, "eos_token_id": eos or None, **sampling}
+        self.ignore_eos = params.ignore_eos
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_tokens: int) -> Run:
         input_ids = torch.tensor([prompt_ids], device=self.model.device)
         start = time.perf_counter()
-        out = self.model.generate(
-            input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_tokens, **self.base, **self.kwargs
-        )
+        length = {"max_new_tokens": max_tokens, "min_new_tokens": max_tokens if self.ignore_eos else None}
+        out = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **length, **self.base, **self.kwargs)
         seconds = time.perf_counter() - start
         return Run(out[0, len(prompt_ids):].tolist(), seconds)
 

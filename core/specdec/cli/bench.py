@@ -31,6 +31,8 @@ BASELINES = {"none", "hf"}
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="Prompts per category (default: all).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=2, show_default=True, help="Turns per prompt (mt_bench prompts have 2).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-tokens per turn, as vLLM's benchmarks can: "
+              "outputs that differ (bf16) then cannot differ in length.")
 @click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding.")
@@ -38,7 +40,7 @@ BASELINES = {"none", "hf"}
               help="Rounds per turn (or batch), each running every mode once: more rounds average out machine noise.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
 def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
-          categories, num_prompts, max_turns, max_tokens, baseline, batch_size, repeats, json_out) -> None:
+          categories, num_prompts, max_turns, max_tokens, ignore_eos, baseline, batch_size, repeats, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config is None:
@@ -46,7 +48,8 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
     baselines = {b.strip() for b in baseline.split(",") if b.strip()}
     if baselines - BASELINES:
         raise ConfigError(f"--baseline: unknown {', '.join(sorted(baselines - BASELINES))}; use none, hf")
-    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens)
+    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens,
+                             ignore_eos=ignore_eos)
     questions = load_questions(dataset, categories.split(",") if categories else None, num_prompts)
     if json_out:
         _check_writable(Path(json_out))
