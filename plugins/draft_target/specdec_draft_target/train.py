@@ -206,9 +206,13 @@ def save(draft: torch.nn.Module, path: Path, layers: list[int], steps: int, accu
               help="kl: match the target's distribution at every position; ce: the target's reply tokens only.")
 @click.option("--lr", type=float, default=5e-4, show_default=True)
 @click.option("--heldout", type=int, default=64, show_default=True, help="Conversations held out to measure agreement.")
+@click.option("--heldout-data", "heldout_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="Conversations jsonl to measure agreement on instead of --heldout of --data; --data conversations "
+                   "with the same conversation_id are not trained on. Repeatable.")
 @click.option("--eval-every", type=int, default=100, show_default=True, help="Measure and save every this many steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def train_draft(data_paths, prompt_paths, output, model, device, layers, init_weights, steps, batch_size, max_length, loss_kind, lr, heldout, eval_every, seed) -> None:
+def train_draft(data_paths, prompt_paths, output, model, device, layers, init_weights, steps, batch_size, max_length, loss_kind, lr, heldout,
+                heldout_paths, eval_every, seed) -> None:
     """Distil a small draft model from the target's own replies."""
     try:
         layer_ids = [int(x) for x in layers.split(",") if x.strip()]
@@ -227,7 +231,16 @@ def train_draft(data_paths, prompt_paths, output, model, device, layers, init_we
         records = [r for path in data_paths for r in read_conversations(path)]
         examples = tokenize(records, tokenizer, max_length)
         rng.shuffle(examples)
-        held, train = examples[:heldout], examples[heldout:]
+        if heldout_paths:
+            held = tokenize([r for path in heldout_paths for r in read_conversations(path)], tokenizer, max_length)
+            if not held:
+                raise ConfigError("--heldout-data: no conversation ends in an assistant reply to measure agreement on")
+            held_out_ids = {e.conversation_id for e in held}
+            train = [e for e in examples if e.conversation_id not in held_out_ids]
+            if len(train) < len(examples):
+                console.print(f"{len(examples) - len(train)} --data conversations are in --heldout-data: not trained on")
+        else:
+            held, train = examples[:heldout], examples[heldout:]
         if prompt_paths:
             if loss_kind != "kl":
                 raise ConfigError("--prompts: prompts without replies only teach the kl loss")

@@ -59,7 +59,8 @@ def test_assembled_draft_equals_trained_draft(tied_target, tmp_path: Path) -> No
 
 def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> None:
     """`specdec train draft` on synthesized tiny data: runs, reports progress, ships bf16 layers;
-    `--init` continues those tensors (counting their steps) and refuses them for other layers."""
+    `--init` continues those tensors (counting their steps) and refuses them for other layers;
+    `--heldout-data` measures on conversations of its own and keeps them out of training."""
     from click.testing import CliRunner
 
     from specdec_draft_target.train import train_draft
@@ -99,6 +100,16 @@ def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> No
         assert set(f.keys()) == set(g.keys())
         for name in f.keys():
             torch.testing.assert_close(f.get_tensor(name), g.get_tensor(name), atol=1e-2, rtol=0)
+
+    # Held-out conversations from a file of their own: the one that is also in --data is not trained on.
+    held = tmp_path / "held.jsonl"
+    synthesize(model, tokenizer, [records[0], {**records[1], "conversation_id": "other"}], held,
+               SynthesisOptions(max_new_tokens=8, batch_size=2))
+    result = CliRunner().invoke(train_draft, [*common, "--heldout-data", str(held), "--output", str(more), "--layers", "0",
+                                              "--steps", "1", "--eval-every", "1"])
+    assert result.exit_code == 0, result.output
+    assert "1 --data conversations are in --heldout-data" in result.output
+    assert "4 training / 2 held-out conversations" in " ".join(result.output.split())
 
     result = CliRunner().invoke(train_draft, [*common, "--init", str(init), "--output", str(more), "--layers", "0,1",
                                               "--steps", "1"])
