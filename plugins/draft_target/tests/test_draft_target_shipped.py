@@ -3,6 +3,7 @@ the target's embedding assemble into a checkpoint that computes what the trained
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,11 @@ def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     assert "1 --data conversations are in --heldout-data" in result.output
     assert "4 training / 2 held-out conversations" in " ".join(result.output.split())
+    unanswered = tmp_path / "unanswered.jsonl"
+    unanswered.write_text(json.dumps(records[0]))
+    result = CliRunner().invoke(train_draft, [*common, "--heldout-data", str(unanswered), "--output", str(more),
+                                              "--layers", "0", "--steps", "1"])
+    assert isinstance(result.exception, ConfigError) and "--heldout-data: no conversation ends" in str(result.exception)
 
     result = CliRunner().invoke(train_draft, [*common, "--init", str(init), "--output", str(more), "--layers", "0,1",
                                               "--steps", "1"])
