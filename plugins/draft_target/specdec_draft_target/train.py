@@ -235,17 +235,16 @@ def train_draft(data_paths, prompt_paths, output, model, device, layers, init_we
             held = tokenize([r for path in heldout_paths for r in read_conversations(path)], tokenizer, max_length)
             if not held:
                 raise ConfigError("--heldout-data: no conversation ends in an assistant reply to measure agreement on")
-            held_out_ids = {e.conversation_id for e in held}
-            train = [e for e in examples if e.conversation_id not in held_out_ids]
-            if len(train) < len(examples):
-                console.print(f"{len(examples) - len(train)} --data conversations are in --heldout-data: not trained on")
         else:
-            held, train = examples[:heldout], examples[heldout:]
+            held, examples = examples[:heldout], examples[heldout:]
+        held_ids = {e.conversation_id for e in held}
+        train = [e for e in examples if e.conversation_id not in held_ids] if heldout_paths else examples
+        if len(train) < len(examples):
+            console.print(f"{len(examples) - len(train)} --data conversations are in --heldout-data: not trained on")
         if prompt_paths:
             if loss_kind != "kl":
                 raise ConfigError("--prompts: prompts without replies only teach the kl loss")
             # Held-out conversations' prompts stay out of training too.
-            held_ids = {e.conversation_id for e in held}
             extra = [r for path in prompt_paths for r in read_conversations(path) if str(r["conversation_id"]) not in held_ids]
             train += tokenize(extra, tokenizer, max_length, True)
         if not train:
