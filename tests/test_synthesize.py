@@ -13,8 +13,8 @@ from specdec import LLM, ConfigError, SamplingParams
 from specdec.cli.main import main
 from specdec.testing import TinyTarget, make_tiny_target, tiny_tokenizer
 from specdec.training.conversations import chat_token_ids
-from specdec.training.synthesize import (SynthesisOptions, read_conversations, self_prompt_records, synthesize,
-                                         turn_seed, user_turn_prefix)
+from specdec.training.synthesize import (SynthesisOptions, pick_opener, read_conversations, read_openers,
+                                         self_prompt_records, synthesize, turn_seed, user_turn_prefix)
 
 PROMPTS = ["hello there", "the cat sat on the mat", "one two three", "abc abd abe", "good day, how are you"]
 
@@ -192,6 +192,58 @@ def test_the_target_writes_user_turns_and_follow_ups(tmp_path: Path) -> None:
     again = tmp_path / "again.jsonl"
     synthesize(tiny.model, tiny.tokenizer, records, again, options)
     assert sorted(again.read_text().splitlines()) == sorted(out.read_text().splitlines())
+
+
+def test_openers_start_the_requests_the_target_writes(tmp_path: Path) -> None:
+    """With openers, each request the target writes begins with one, picked by the turn's seed
+    (opening requests from `openers`, follow-ups from `follow_up_openers`), and the rest is the
+    target's own sampled continuation of its opened user turn followed by the opener's tokens.
+    A given prompt is left as it is."""
+    tiny = chatty_target()
+    options = SynthesisOptions(max_new_tokens=40, batch_size=3, temperature=1.0, follow_ups=1, user_top_p=1.0,
+                               user_max_tokens=60, seed=3, openers=("write a", "imagine"), follow_up_openers=("now",))
+    records = [*self_prompt_records(8, seed=3),
+               {"conversation_id": "given", "conversations": [{"role": "user", "content": "hello there"}]}]
+    out = tmp_path / "out.jsonl"
+    synthesize(tiny.model, tiny.tokenizer, records, out, options)
+    rows = {r["conversation_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    used, follow_ups = set(), 0
+    for cid, row in rows.items():
+        turns = row["conversations"]
+        for index in range(0, len(turns), 2):
+            if cid == "given" and index == 0:
+                assert turns[0]["content"] == "hello there"
+                continue
+            turn = f"user{index // 2}"
+            opener = pick_opener(options.follow_up_openers if index else options.openers, 3, cid, turn)
+            assert opener in (("now",) if index else ("write a", "imagine"))
+            prefix = user_turn_prefix(tiny.tokenizer, turns[:index]) + tiny.encode(opener)
+            rest = plain.generate([{"prompt_token_ids": prefix}], SamplingParams(
+                max_tokens=60, temperature=1.0, seed=turn_seed(3, cid, turn)))[0]
+            assert turns[index]["content"] == (opener + rest.text).strip(), (cid, index)
+            used.add(opener)
+            follow_ups += index > 0
+    assert used == {"write a", "imagine", "now"} and follow_ups >= 2
+
+
+def test_cli_openers_file(tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--openers` reads one opener a line, comments and blank lines skipped; a file with none,
+    or none at all, is a one-line error naming the option."""
+    listed = tmp_path / "openers.txt"
+    listed.write_text("# kinds of request\nwrite a\n\n  imagine  \n")
+    assert read_openers(listed, "--openers") == ("write a", "imagine")
+    model_dir = tmp_path / "tiny"
+    tiny.model.save_pretrained(model_dir)
+    tiny.tokenizer.save_pretrained(model_dir)
+    out = tmp_path / "out.jsonl"
+    args = ["synthesize", "--model", str(model_dir), "--dtype", "float32", "--output", str(out), "--self-prompts", "2"]
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    assert main([*args, "--openers", str(tmp_path / "empty.txt")]) == 2
+    assert main([*args, "--follow-up-openers", str(tmp_path / "missing.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "--openers" in err and "no opener in it" in err and "--follow-up-openers" in err and "missing.txt" in err
+    assert not out.exists()
 
 
 def test_a_request_cut_off_ends_its_conversation(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from specdec.cli.common import model_options, quiet_transformers
 from specdec.errors import ConfigError
 from specdec.models import load_model
 from specdec.progress import Progress
-from specdec.training.synthesize import (SynthesisOptions, done_ids, read_conversations, self_prompt_records,
-                                         synthesize as run_synthesis)
+from specdec.training.synthesize import (SynthesisOptions, done_ids, read_conversations, read_openers,
+                                         self_prompt_records, synthesize as run_synthesis)
 
 
 @click.command()
@@ -27,6 +27,10 @@ from specdec.training.synthesize import (SynthesisOptions, done_ids, read_conver
 @click.option("--user-temperature", type=float, default=1.0, show_default=True, help="Sampling of the user turns the target writes.")
 @click.option("--user-top-p", type=float, default=0.95, show_default=True)
 @click.option("--user-max-tokens", type=int, default=128, show_default=True, help="A longer user turn ends its conversation.")
+@click.option("--openers", "openers_path", default=None, type=click.Path(dir_okay=False),
+              help="Text file of openers, one per line: each opening request the target writes starts with one.")
+@click.option("--follow-up-openers", "follow_up_openers_path", default=None, type=click.Path(dir_okay=False),
+              help="Text file of openers for the follow-up requests the target writes.")
 @click.option("--output", "output_path", required=True, type=click.Path(dir_okay=False),
               help="Conversations jsonl to append the answered conversations to (resumes if it exists).")
 @click.option("--limit", type=int, default=None, help="Answer a seeded random sample of this many conversations (default: all, in a seeded random order).")
@@ -38,7 +42,7 @@ from specdec.training.synthesize import (SynthesisOptions, done_ids, read_conver
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--system-prompt", default=None, help="System turn for every conversation (replaces the input's).")
 def synthesize(model, dtype, device, input_path, output_path, self_prompts, follow_ups, user_temperature, user_top_p,
-               user_max_tokens, limit, max_new_tokens, max_prompt_tokens, batch_size, temperature, top_p, seed,
+               user_max_tokens, openers_path, follow_up_openers_path, limit, max_new_tokens, max_prompt_tokens, batch_size, temperature, top_p, seed,
                system_prompt) -> None:
     """Generate the target's own answers to every user turn in --input (and to requests it writes
     itself, with --self-prompts or --follow-ups), as training data."""
@@ -58,7 +62,10 @@ def synthesize(model, dtype, device, input_path, output_path, self_prompts, foll
     options = SynthesisOptions(max_new_tokens=max_new_tokens, batch_size=batch_size, max_prompt_tokens=max_prompt_tokens,
                                temperature=temperature, top_p=top_p, seed=seed, system_prompt=system_prompt,
                                follow_ups=follow_ups, user_temperature=user_temperature, user_top_p=user_top_p,
-                               user_max_tokens=user_max_tokens)
+                               user_max_tokens=user_max_tokens,
+                               openers=read_openers(openers_path, "--openers") if openers_path else (),
+                               follow_up_openers=(read_openers(follow_up_openers_path, "--follow-up-openers")
+                                                  if follow_up_openers_path else ()))
     quiet_transformers()
     console = Console(stderr=True)
     with console.status("loading model"):

@@ -25,6 +25,13 @@ target writes; ``SynthesisOptions.follow_ups`` lets the target add follow-up req
 input's turns are answered. This widens the data beyond a fixed prompt set towards the chat,
 writing and code requests the target was tuned on, with no evaluation prompt involved. A
 self-written request cut off by ``user_max_tokens`` or left empty ends its conversation.
+
+A small target writes requests of a few kinds over and over (advice, plans, recipes). Openers steer
+it: a self-written request may be made to start with the first words of one of a list of openers
+("Write a poem", "Imagine you are", "Extract"), picked by the turn's seed, and the target writes
+the rest. The words are part of the request, so the reply answers the whole of it. Conditioning
+the query on a given prefix is the cheap form of Magpie's domain control; with a model this small,
+a domain described in a system turn made its requests incoherent instead.
 """
 
 from __future__ import annotations
@@ -62,6 +69,10 @@ class SynthesisOptions:
     user_temperature: float = 1.0
     user_top_p: float = 0.95
     user_max_tokens: int = 128
+    #: First words of the opening requests the target writes, one picked per request (empty: none).
+    openers: tuple[str, ...] = ()
+    #: First words of the follow-up requests the target writes.
+    follow_up_openers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Checked here, so a command fails on a bad option before it loads the model.
@@ -130,6 +141,25 @@ def user_turn_prefix(tokenizer: Any, messages: list[dict[str, str]]) -> list[int
     return list(tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"])
 
 
+def read_openers(path: str | Path, option: str) -> tuple[str, ...]:
+    """The openers in a text file, one per line (blank lines and ``#`` comments skipped)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{option} {str(path)!r}: {exc.strerror or exc}") from None
+    openers = tuple(line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    if not openers:
+        raise ConfigError(f"{option} {str(path)!r}: no opener in it (one per line)")
+    return openers
+
+
+def pick_opener(openers: tuple[str, ...], run_seed: int, conversation_id: Any, turn: str) -> str:
+    """The opener of one self-written user turn, from the turn alone (as :func:`turn_seed`); ``""`` with none."""
+    if not openers:
+        return ""
+    return random.Random(f"{run_seed}/{conversation_id}/{turn}/opener").choice(openers)
+
+
 def done_ids(path: str | Path) -> set[str]:
     """Conversation ids already written to ``path`` (for resuming)."""
     path = Path(path)
@@ -194,20 +224,23 @@ def _write_user_turns(llm: LLM, tokenizer: Any, conversations: list[_Conversatio
     """The target writes the next user turn of each of ``conversations``; returns the tokens generated."""
     asked = []
     for conversation in conversations:
+        conversation_id, turn = conversation.record["conversation_id"], f"user{len(conversation.questions)}"
+        openers = options.follow_up_openers if conversation.questions else options.openers
+        opener = pick_opener(openers, options.seed, conversation_id, turn)
         ids = user_turn_prefix(tokenizer, conversation.messages)
+        ids += tokenizer(opener, add_special_tokens=False)["input_ids"] if opener else []
         if len(ids) > options.max_prompt_tokens:
             conversation.ask(None)
             continue
-        seed = turn_seed(options.seed, conversation.record["conversation_id"], f"user{len(conversation.questions)}")
         params = SamplingParams(max_tokens=options.user_max_tokens, temperature=options.user_temperature,
-                                top_p=options.user_top_p, seed=seed)
-        asked.append((conversation, {"prompt_token_ids": ids}, params))
+                                top_p=options.user_top_p, seed=turn_seed(options.seed, conversation_id, turn))
+        asked.append((conversation, opener, {"prompt_token_ids": ids}, params))
     if not asked:
         return 0
-    replies = llm.generate([prompt for _, prompt, _ in asked], [params for _, _, params in asked])
-    for (conversation, _, _), reply in zip(asked, replies):
+    replies = llm.generate([prompt for _, _, prompt, _ in asked], [params for _, _, _, params in asked])
+    for (conversation, opener, _, _), reply in zip(asked, replies):
         text = reply.text.strip()
-        conversation.ask(text if text and reply.finish_reason != "length" else None)
+        conversation.ask((opener + reply.text).strip() if text and reply.finish_reason != "length" else None)
     return sum(len(reply.token_ids) for reply in replies)
 
 
