@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
+from specdec.testing import TWO_TURNS
 from specdec.training.conversations import tokenize_all, tokenize_conversation
-
-TWO_TURNS = {"conversation_id": "x", "conversations": [
-    {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there."},
-    {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye."}]}
-
 
 def test_loss_mask_covers_exactly_the_assistant_turns(tiny) -> None:
     """Every reply's tokens (with the template's end of turn) are masked in; prompts and role tags are not."""

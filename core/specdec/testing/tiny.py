@@ -17,6 +17,11 @@ _CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
+#: A two-turn conversation in the training format, in the tiny tokenizer's characters.
+TWO_TURNS: dict[str, Any] = {"conversation_id": "x", "conversations": [
+    {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there."},
+    {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye."}]}
+
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A real fast tokenizer over single characters: id 0 pad, 1 bos, 2 eos, then characters."""

@@ -10,15 +10,11 @@ import torch
 from eagle3_training_data import tiny_target
 
 from specdec.errors import ConfigError
+from specdec.testing import TWO_TURNS
 from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec.training.token_frequency import coverage, token_counts
 from specdec_eagle3.training.vocab import calibrate
-
-TWO_TURNS = {"conversation_id": "x", "conversations": [
-    {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there."},
-    {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye."}]}
-
 
 @pytest.fixture(scope="module")
 def target():
