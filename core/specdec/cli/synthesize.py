@@ -42,8 +42,8 @@ from specdec.training.synthesize import (SynthesisOptions, done_ids, read_conver
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--system-prompt", default=None, help="System turn for every conversation (replaces the input's).")
 def synthesize(model, dtype, device, input_path, output_path, self_prompts, follow_ups, user_temperature, user_top_p,
-               user_max_tokens, openers_path, follow_up_openers_path, limit, max_new_tokens, max_prompt_tokens, batch_size, temperature, top_p, seed,
-               system_prompt) -> None:
+               user_max_tokens, openers_path, follow_up_openers_path, limit, max_new_tokens, max_prompt_tokens,
+               batch_size, temperature, top_p, seed, system_prompt) -> None:
     """Generate the target's own answers to every user turn in --input (and to requests it writes
     itself, with --self-prompts or --follow-ups), as training data."""
     if limit is not None and limit < 1:

@@ -27,8 +27,9 @@ Reconciling from ``request.token_ids`` at each step makes the state right whatev
 between, including steps the engine ran without drafting.
 
 The prefill waits for the first step that drafts: a request the engine's policy never drafts for
-(in a large batch where drafting does not pay) never costs the draft a forward. The prefill's and the catch-up's time is reported apart
-(``sync_seconds``), so the engine does not mistake it for the per-token cost of drafting.
+(in a large batch where drafting does not pay) never costs the draft a forward. The prefill's
+and the catch-up's time is reported apart (``sync_seconds``), so the engine does not mistake it
+for the per-token cost of drafting.
 """
 
 from __future__ import annotations
