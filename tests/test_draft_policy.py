@@ -12,6 +12,7 @@ from specdec.draft_policy import (
     ContextCost,
     DraftTime,
     ForwardCost,
+    StepTime,
 )
 
 
@@ -240,6 +241,68 @@ def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
         got = llm.generate(prompt, params)[0]
     assert got.token_ids == plain.token_ids
     assert got.metrics.num_drafts == 2
+
+
+def test_step_times_correct_the_warmup_costs_by_draft_count():
+    """Steps that take longer than the warm-up said scale that width's cost by the median of its
+    recent ratios, the warm-up counting as two ratios of 1: one disturbed step changes nothing,
+    two agreeing ones do. A draft count not yet run is interpolated between measured ones (plain
+    steps' overhead reaches every width), so measured wide steps make every draft length dearer."""
+    warmup = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.1], base_seconds=0.010)
+    times = StepTime()
+    assert times.correct(warmup).seconds == pytest.approx(warmup.seconds)
+    times.record(0, 0.012, 0.010)  # plain steps cost 20% more than bare forwards
+    assert times.ratio(0) == 1.0
+    times.record(0, 0.012, 0.010)
+    assert times.ratio(0) == pytest.approx(1.1)  # median of 1, 1, 1.2, 1.2
+    times.record(0, 0.012, 0.010)
+    assert times.correct(warmup).relative == pytest.approx(warmup.relative)
+    assert times.correct(warmup).base_seconds == pytest.approx(0.012)
+    for _ in range(2):
+        times.record(4, 0.036, 0.011)  # a 4-draft step really costs 3x the warm-up's figure
+    assert times.ratio(4) == pytest.approx((1.0 + 36 / 11) / 2)
+    for _ in range(10):
+        times.record(4, 0.036, 0.011)
+    assert times.ratio(4) == pytest.approx(36 / 11)  # the warm-up has left the window
+    assert times.ratio(2) == pytest.approx((1.2 + 36 / 11) / 2)  # between plain and 4 drafts
+    corrected = times.correct(warmup)
+    assert corrected.relative[4] == pytest.approx(0.036 / 0.012)
+    sure = steady(16, 4, 4)
+    assert warmup.best_length([sure], [4]) == 4
+    # Near-full acceptance: 4 drafts give about 4.6 tokens for 3 units, 3 give 3.75 for 2.3.
+    assert corrected.relative[3] == pytest.approx(0.010 * (1.2 + 3 * (36 / 11 - 1.2) / 4) / 0.012)
+    assert corrected.best_length([sure], [4]) == 3
+
+
+def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):
+    """A drafter that always drafts the right tokens, against a target whose forwards wider than
+    one token take 40 ms more once warm-up is done (a machine that got busy, or a verify path
+    the warm-up never ran): the warm-up's flat costs say every step should draft 4, so an engine
+    going by them alone drafts on every step to the end. Learning each step's real time, it
+    stops within a few steps, and the output is unchanged."""
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
+    prompt_len = len(prompt["prompt_token_ids"])
+
+    class Oracle:
+        def prepare_draft_tokens(self, requests, resource_manager):
+            return [plain.token_ids[len(r.token_ids) - prompt_len :][: r.max_draft_len] for r in requests]
+
+    with LLM(tiny.model, UserProvidedDecodingConfig(drafter=Oracle(), max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
+        llm.warmup()
+        runner = llm.engine.runner
+        forward = runner.forward
+
+        def slow_when_wide(cache, token_ids, *args, **kwargs):
+            if len(token_ids) > 1 and len(token_ids) < 16:  # a verify, not the prompt's prefill
+                time.sleep(0.04)
+            return forward(cache, token_ids, *args, **kwargs)
+
+        runner.forward = slow_when_wide
+        got = llm.generate(prompt, params)[0]
+    assert got.token_ids == plain.token_ids
+    assert 1 <= got.metrics.num_drafts <= 5
 
 
 def test_a_new_request_starts_from_the_methods_recent_acceptance():

@@ -29,6 +29,7 @@ it worth drafting.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -46,6 +47,8 @@ TOLERANCE = 0.05
 DEFAULT_WINDOW = 16
 #: Weight of the newest step in the running drafting-time estimate.
 DRAFT_TIME_WEIGHT = 0.2
+#: Verify steps per draft count whose time ratios :class:`StepTime` takes the median of.
+STEP_TIME_WINDOW = 9
 
 
 class DraftTime:
@@ -74,6 +77,49 @@ class DraftTime:
     def fade(self, window: int) -> None:
         """One paused step: move ``1 / window`` of the way down to the floor."""
         self.seconds -= (self.seconds - (self.floor or 0.0)) / window
+
+
+class StepTime:
+    """What verify steps at one batch size really cost, against the forward costs measured at warm-up.
+
+    The warm-up times bare target forwards on an idle cache. A real step also verifies, rolls
+    back rejected entries, moves a tree's accepted path and runs the method's accept hook, all of
+    which grow with the batch and the width, and the machine may be busier or quieter than during
+    the warm-up: a batch of 8 measured a 3-token verify at 1.4 times one token in one engine and
+    1.8 times in the next. So each step's time from its target forward to the end of its accept
+    hook is divided by the warm-up's prediction for its width and context, and the median of the
+    last ``STEP_TIME_WINDOW`` such ratios per draft count scales the warm-up costs the policy
+    decides with (:meth:`correct`). The warm-up counts as two observations of ratio 1, so one
+    disturbed step moves nothing while two agreeing steps do, and a few steps replace it. A draft
+    count not yet run is interpolated between the nearest ones that have (plain steps run all the
+    time), and takes the widest one's ratio beyond it: the overhead a step adds grows with its
+    width, so once a wide step has proved dear the narrower ones are not each probed in turn.
+    """
+
+    def __init__(self) -> None:
+        #: By draft count, the latest ratios of measured to predicted seconds.
+        self.ratios: dict[int, deque[float]] = {}
+
+    def record(self, drafts: int, seconds: float, predicted: float) -> None:
+        """A step verifying ``drafts`` tokens per request took ``seconds``; warm-up said ``predicted``."""
+        if predicted > 0:
+            self.ratios.setdefault(drafts, deque([1.0, 1.0], maxlen=STEP_TIME_WINDOW)).append(seconds / predicted)
+
+    def ratio(self, drafts: int) -> float:
+        points = {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
+        below = max(n for n in points if n <= drafts)
+        above = [n for n in points if n > drafts]
+        if drafts == below or not above:
+            return points[below]
+        upper = min(above)
+        return points[below] + (points[upper] - points[below]) * (drafts - below) / (upper - below)
+
+    def correct(self, cost: ForwardCost) -> ForwardCost:
+        """``cost`` with every width's seconds scaled by its ratio (unchanged without a time unit)."""
+        if cost.base_seconds <= 0:
+            return cost
+        seconds = [t * self.ratio(n) for n, t in enumerate(cost.seconds)]
+        return ForwardCost([t / seconds[0] for t in seconds], seconds[0])
 
 
 class AcceptanceEstimate:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime
+from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, StepTime
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
@@ -61,6 +61,8 @@ class Engine:
         self._adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
         #: Measured forward cost by batch size (adaptive draft length only).
         self.forward_costs: dict[int, ContextCost] = {}
+        #: What verify steps really cost against the warm-up's forward costs, by batch size.
+        self.step_times: dict[int, StepTime] = {}
         #: Drafting time per drafted token (per round: the longest proposal), by batch size.
         self.draft_time: dict[int, DraftTime] = {}
         #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
@@ -173,8 +175,11 @@ class Engine:
         """One draft -> verify -> accept round for every request of the batch."""
         runner, config = self.runner, self.config
         limit = config.draft_len_for_batch(len(batch))
-        # Measured once per batch size (at warmup, or here the first time), before the clock starts.
-        cost = self._cost(len(batch)).at(max(cache.lengths)) if self._adaptive and limit > 0 else None
+        # Measured once per batch size (at warmup, or here the first time), before the clock starts,
+        # then corrected by what this engine's steps at that batch size have really taken.
+        warmup_cost = self._cost(len(batch)).at(max(cache.lengths)) if self._adaptive and limit > 0 else None
+        step_time = self.step_times.setdefault(len(batch), StepTime()) if warmup_cost is not None else None
+        cost = step_time.correct(warmup_cost) if step_time is not None else None
         step_start = time.perf_counter()
         for request in batch:
             budget = min(
@@ -248,6 +253,9 @@ class Engine:
         self.acceptance.record_batch(outcomes)
         self.hook.specdec_accept(config=config, requests=batch, results=results, resource_manager=self.resource_manager)
         done = time.perf_counter()
+        if step_time is not None:
+            drafts = max(len(p) for p in proposals)
+            step_time.record(drafts, done - drafted, warmup_cost.seconds[drafts])
         for request in batch:
             metrics = request.metrics
             metrics.time_draft += drafted - step_start
