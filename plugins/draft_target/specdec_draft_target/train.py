@@ -237,10 +237,12 @@ def train_draft(data_paths, prompt_paths, output, model, device, layers, init_we
                 raise ConfigError("--heldout-data: no conversation ends in an assistant reply to measure agreement on")
         else:
             held, examples = examples[:heldout], examples[heldout:]
+        # By id, not position: a file given twice (to weigh it more) must not train on a copy of
+        # a held-out conversation.
         held_ids = {e.conversation_id for e in held}
-        train = [e for e in examples if e.conversation_id not in held_ids] if heldout_paths else examples
+        train = [e for e in examples if e.conversation_id not in held_ids]
         if len(train) < len(examples):
-            console.print(f"{len(examples) - len(train)} --data conversations are in --heldout-data: not trained on")
+            console.print(f"{len(examples) - len(train)} --data conversations are held out: not trained on")
         if prompt_paths:
             if loss_kind != "kl":
                 raise ConfigError("--prompts: prompts without replies only teach the kl loss")

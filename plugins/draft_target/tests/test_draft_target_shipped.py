@@ -61,7 +61,8 @@ def test_assembled_draft_equals_trained_draft(tied_target, tmp_path: Path) -> No
 def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> None:
     """`specdec train draft` on synthesized tiny data: runs, reports progress, ships bf16 layers;
     `--init` continues those tensors (counting their steps) and refuses them for other layers;
-    `--heldout-data` measures on conversations of its own and keeps them out of training."""
+    `--heldout-data` measures on conversations of its own and keeps them out of training, and
+    `--heldout` keeps every copy of the conversations it draws out of training."""
     from click.testing import CliRunner
 
     from specdec_draft_target.train import train_draft
@@ -109,8 +110,14 @@ def test_train_command_writes_trained_tensors(tied_target, tmp_path: Path) -> No
     result = CliRunner().invoke(train_draft, [*common, "--heldout-data", str(held), "--output", str(more), "--layers", "0",
                                               "--steps", "1", "--eval-every", "1"])
     assert result.exit_code == 0, result.output
-    assert "1 --data conversations are in --heldout-data" in result.output
+    assert "1 --data conversations are held out" in result.output
     assert "4 training / 2 held-out conversations" in " ".join(result.output.split())
+    # --data given twice: both copies of the conversation --heldout draws are kept out of training.
+    result = CliRunner().invoke(train_draft, [*common, "--data", str(data), "--output", str(more), "--layers", "0",
+                                              "--steps", "1", "--eval-every", "1"])
+    assert result.exit_code == 0, result.output
+    assert "1 --data conversations are held out" in result.output
+    assert "8 training / 1 held-out conversations" in " ".join(result.output.split())
     unanswered = tmp_path / "unanswered.jsonl"
     unanswered.write_text(json.dumps(records[0]))
     result = CliRunner().invoke(train_draft, [*common, "--heldout-data", str(unanswered), "--output", str(more),
