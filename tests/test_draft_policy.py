@@ -246,10 +246,12 @@ def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
 def test_step_times_correct_the_warmup_costs_by_draft_count():
     """Steps that take longer than the warm-up said scale that width's cost by the median of its
     recent ratios, the warm-up counting as two ratios of 1: one disturbed step changes nothing,
-    two agreeing ones do. A draft count not yet run is interpolated between measured ones (plain
+    two agreeing ones do, and each draft count's first step (one-time setup) is left out. A draft count not yet run is interpolated between measured ones (plain
     steps' overhead reaches every width), so measured wide steps make every draft length dearer."""
     warmup = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.1], base_seconds=0.010)
     times = StepTime()
+    assert times.correct(warmup).seconds == pytest.approx(warmup.seconds)
+    times.record(0, 1.0, 0.010)  # the first plain step: setup, left out
     assert times.correct(warmup).seconds == pytest.approx(warmup.seconds)
     times.record(0, 0.012, 0.010)  # plain steps cost 20% more than bare forwards
     assert times.ratio(0) == 1.0
@@ -258,7 +260,7 @@ def test_step_times_correct_the_warmup_costs_by_draft_count():
     times.record(0, 0.012, 0.010)
     assert times.correct(warmup).relative == pytest.approx(warmup.relative)
     assert times.correct(warmup).base_seconds == pytest.approx(0.012)
-    for _ in range(2):
+    for _ in range(3):
         times.record(4, 0.036, 0.011)  # a 4-draft step really costs 3x the warm-up's figure
     assert times.ratio(4) == pytest.approx((1.0 + 36 / 11) / 2)
     for _ in range(10):

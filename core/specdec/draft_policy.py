@@ -89,20 +89,29 @@ class StepTime:
     1.8 times in the next. So each step's time from its target forward to the end of its accept
     hook is divided by the warm-up's prediction for its width and context, and the median of the
     last ``STEP_TIME_WINDOW`` such ratios per draft count scales the warm-up costs the policy
-    decides with (:meth:`correct`). The warm-up counts as two observations of ratio 1, so one
-    disturbed step moves nothing while two agreeing steps do, and a few steps replace it. A draft
-    count not yet run is interpolated between the nearest ones that have (plain steps run all the
-    time), and takes the widest one's ratio beyond it: the overhead a step adds grows with its
-    width, so once a wide step has proved dear the narrower ones are not each probed in turn.
+    decides with (:meth:`correct`). Each draft count's first step pays one-time setup and is left
+    out. The warm-up counts as two observations of ratio 1, so one disturbed step moves nothing
+    while two agreeing steps do, and a few steps replace it. A draft count not yet run is
+    interpolated between the nearest ones that have (plain steps run all the time), and takes
+    the widest one's ratio beyond it: the overhead a step adds grows with its width, so once a
+    wide step has proved dear the narrower ones are not each probed in turn.
     """
 
     def __init__(self) -> None:
         #: By draft count, the latest ratios of measured to predicted seconds.
         self.ratios: dict[int, deque[float]] = {}
+        #: Draft counts whose first step has run (and was not recorded).
+        self._seen: set[int] = set()
 
     def record(self, drafts: int, seconds: float, predicted: float) -> None:
-        """A step verifying ``drafts`` tokens per request took ``seconds``; warm-up said ``predicted``."""
-        if predicted > 0:
+        """A step verifying ``drafts`` tokens per request took ``seconds``; warm-up said ``predicted``.
+
+        The first step of each draft count is left out: it runs the verify and accept code at
+        that shape for the first time (the warm-up ran only forwards), which can cost many steps.
+        """
+        if drafts not in self._seen:
+            self._seen.add(drafts)
+        elif predicted > 0:
             self.ratios.setdefault(drafts, deque([1.0, 1.0], maxlen=STEP_TIME_WINDOW)).append(seconds / predicted)
 
     def ratio(self, drafts: int) -> float:
