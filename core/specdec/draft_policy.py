@@ -115,6 +115,7 @@ class StepTime:
             self.ratios.setdefault(drafts, deque([1.0, 1.0], maxlen=STEP_TIME_WINDOW)).append(seconds / predicted)
 
     def ratio(self, drafts: int) -> float:
+        """Measured over predicted seconds for a step of ``drafts`` tokens per request."""
         points = {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
         below = max(n for n in points if n <= drafts)
         above = [n for n in points if n > drafts]
