@@ -246,8 +246,9 @@ def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
 def test_step_times_correct_the_warmup_costs_by_draft_count():
     """Steps that take longer than the warm-up said scale that width's cost by the median of its
     recent ratios, the warm-up counting as two ratios of 1: one disturbed step changes nothing,
-    two agreeing ones do, and each draft count's first step (one-time setup) is left out. A draft count not yet run is interpolated between measured ones (plain
-    steps' overhead reaches every width), so measured wide steps make every draft length dearer."""
+    two agreeing ones do, and each draft count's first step (one-time setup) is left out. A draft
+    count not yet run is interpolated between measured ones (plain steps' overhead reaches every
+    width), so measured wide steps make every draft length dearer."""
     warmup = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.1], base_seconds=0.010)
     times = StepTime()
     assert times.correct(warmup).seconds == pytest.approx(warmup.seconds)

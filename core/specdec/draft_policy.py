@@ -116,20 +116,29 @@ class StepTime:
 
     def ratio(self, drafts: int) -> float:
         """Measured over predicted seconds for a step of ``drafts`` tokens per request."""
-        points = {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
-        below = max(n for n in points if n <= drafts)
-        above = [n for n in points if n > drafts]
-        if drafts == below or not above:
-            return points[below]
-        upper = min(above)
-        return points[below] + (points[upper] - points[below]) * (drafts - below) / (upper - below)
+        return _interpolate(self._medians(), drafts)
 
     def correct(self, cost: ForwardCost) -> ForwardCost:
         """``cost`` with every width's seconds scaled by its ratio (unchanged without a time unit)."""
         if cost.base_seconds <= 0:
             return cost
-        seconds = [t * self.ratio(n) for n, t in enumerate(cost.seconds)]
+        # Once per step, not per width: a tree method's forward may be hundreds of tokens wide.
+        medians = self._medians()
+        seconds = [t * _interpolate(medians, n) for n, t in enumerate(cost.seconds)]
         return ForwardCost([t / seconds[0] for t in seconds], seconds[0])
+
+    def _medians(self) -> dict[int, float]:
+        return {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
+
+
+def _interpolate(points: dict[int, float], x: int) -> float:
+    """``points`` linearly interpolated at ``x``; flat beyond the largest key (keys include 0)."""
+    below = max(n for n in points if n <= x)
+    above = [n for n in points if n > x]
+    if x == below or not above:
+        return points[below]
+    upper = min(above)
+    return points[below] + (points[upper] - points[below]) * (x - below) / (upper - below)
 
 
 class AcceptanceEstimate:
