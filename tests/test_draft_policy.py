@@ -12,8 +12,10 @@ from specdec.draft_policy import (
     ContextCost,
     DraftTime,
     ForwardCost,
+    ResumeCost,
     StepTime,
 )
+from specdec.resources import ResourceManager
 
 
 def estimate(*steps: tuple[int, int], window: int = 16) -> AcceptanceEstimate:
@@ -122,6 +124,16 @@ def test_batch_length_weighs_every_request():
     assert cost.best_length([good] + [bad] * 7, [4] * 8) == 0
     # A row offering fewer drafts than the width gains only what it offers.
     assert ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4]).best_length([good, good], [4, 0]) == 4
+
+
+def test_the_tolerance_never_keeps_a_length_that_loses_to_plain_decoding():
+    """When one draft barely beats plain decoding, the tolerance may keep a longer draft near it,
+    but not one expected to yield fewer tokens per unit of cost than no draft at all: with a first
+    draft right 7% of the time at 5% of a forward per drafted token, 2 drafts still beat plain
+    decoding (1.006 against 1) and 3 do not (0.983), though 3 are within the tolerance of the best."""
+    rarely = steady(16, 4, 0)
+    assert rarely.alpha(0) == pytest.approx(2 * PRIOR_ACCEPTANCE / 18)
+    assert ForwardCost([1.0] * 5).best_length([rarely], [4], draft_cost=0.05) == 2
 
 
 def test_trees_are_drafted_whole_or_not_at_all():
@@ -241,6 +253,75 @@ def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
         got = llm.generate(prompt, params)[0]
     assert got.token_ids == plain.token_ids
     assert got.metrics.num_drafts == 2
+
+
+def test_a_resume_counts_its_setup_over_the_runs_resumes_start():
+    """Resuming after a pause counts the mean setup of recent resumes at that batch size over the
+    mean length of the runs they started (the horizon counting as one run); within a run, and
+    before any resume at that batch size was measured, nothing is counted."""
+    resumes = ResumeCost(horizon=16)
+    assert resumes.seconds_per_step(8) == 0.0
+    resumes.drafted(8, 0.4)  # a resume: the rows caught up for 0.4 s
+    assert resumes.seconds_per_step(8) == 0.0  # the run is under way: its setup is spent
+    resumes.drafted(8, 0.0)
+    resumes.paused()  # a run of 2 steps
+    assert resumes.seconds_per_step(8) == pytest.approx(0.4 / ((16 + 2) / 2))
+    assert resumes.seconds_per_step(4) == 0.0  # never measured at this batch size
+    for _ in range(10):  # probes that end after one step each
+        resumes.drafted(8, 0.2)
+        resumes.paused()
+    # The last 8 resumes (0.2 s each) over the last 8 runs (1 step each) and the horizon.
+    assert resumes.seconds_per_step(8) == pytest.approx(0.2 / ((16 + 8) / 9))
+    # At that charge (1.25 plain steps of a batch of 8 taking 0.06 s), a drafter whose first
+    # draft is always right no longer resumes; without setup it drafts.
+    cost = ForwardCost([1.0, 1.05, 1.1, 1.15, 1.2], base_seconds=0.06)
+    good = [steady(16, 4, 1)] * 8
+    assert cost.best_length(good, [4] * 8, draft_cost=0.1) > 0
+    assert cost.best_length(good, [4] * 8, draft_cost=0.1, setup_cost=resumes.seconds_per_step(8) / 0.06) == 0
+    assert cost.tree_pays(good, [4] * 8, 4, 0.1) and not cost.tree_pays(good, [4] * 8, 4, 0.1, 2.0)
+
+
+def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
+    """A drafter that must spend 100 ms catching up whenever drafting resumes after a pause (as a
+    draft model's cache does), costs 0.5 ms per drafted token, and always drafts wrong tokens.
+    Each probe the engine makes once its acceptance window has aged back to optimism pays that
+    setup for nothing. The engine once probed 3-6 times over 300 tokens and drafted on 20-210
+    steps (it also kept lengths expected to lose to plain decoding when a shorter one barely
+    won); counting a resume's setup over the short runs resumes have started, it resumes at most
+    twice more after its first run. The output is unchanged."""
+
+    class CatchUp(ResourceManager):
+        def __init__(self):
+            super().__init__()
+            self.seconds = 0.0
+            self.fed: dict[int, int] = {}
+
+        def setup_seconds(self):
+            return self.seconds
+
+    class Wrong:
+        resumes = 0
+
+        def prepare_draft_tokens(self, requests, manager):
+            for r in requests:
+                if manager.fed.get(r.request_id, 0) < len(r.token_ids) - 5:  # behind: a resume
+                    start = time.perf_counter()
+                    time.sleep(0.1)
+                    manager.seconds += time.perf_counter() - start
+                    self.resumes += 1
+                manager.fed[r.request_id] = len(r.token_ids)
+            time.sleep(0.0005 * max(r.max_draft_len for r in requests))
+            return [[(r.token_ids[-1] + 1) % tiny.model.config.vocab_size] * r.max_draft_len for r in requests]
+
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
+    drafter = Wrong()
+    config = UserProvidedDecodingConfig(drafter=drafter, resource_manager=CatchUp(), max_draft_len=4)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        got = llm.generate(prompt, params)[0]
+    assert got.token_ids == plain.token_ids
+    assert 1 <= drafter.resumes <= 3 and got.metrics.num_drafts <= 15
 
 
 def test_step_times_correct_the_warmup_costs_by_draft_count():

@@ -19,7 +19,9 @@ The batch verifies every request at one width (rows are padded to the longest), 
 picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
 come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding). Before drafting, the cost
 includes the drafter's own time per drafted token, measured as the engine runs (a draft model's
-forwards are not free; an n-gram lookup nearly is; see :class:`DraftTime`).
+forwards are not free; an n-gram lookup nearly is; see :class:`DraftTime`) and, when drafting
+resumes after a pause, the setup a resume costs spread over the runs resumes start
+(:class:`ResumeCost`).
 
 Trees (a method whose ``max_draft_tokens`` exceeds its depth ``max_draft_len``) are drafted whole
 or not at all: the estimate then holds each tree's accepted depth, which gives the expected tokens
@@ -49,6 +51,8 @@ DEFAULT_WINDOW = 16
 DRAFT_TIME_WEIGHT = 0.2
 #: Verify steps per draft count whose time ratios :class:`StepTime` takes the median of.
 STEP_TIME_WINDOW = 9
+#: Resumes (and the drafting runs they started) per batch size that :class:`ResumeCost` averages.
+RESUME_WINDOW = 8
 
 
 class DraftTime:
@@ -77,6 +81,56 @@ class DraftTime:
     def fade(self, window: int) -> None:
         """One paused step: move ``1 / window`` of the way down to the floor."""
         self.seconds -= (self.seconds - (self.floor or 0.0)) / window
+
+
+class ResumeCost:
+    """The setup a drafting run pays when it starts, spread over the steps such runs last.
+
+    A method may have to bring its state up to date before it can draft again after a pause: a
+    draft model's cache catches up on the tokens emitted while drafting was paused, and prefills
+    a request it never drafted for (:meth:`~specdec.resources.ResourceManager.setup_seconds`). A
+    steady drafting step does not pay that, so it is not part of the per-token drafting cost; but
+    every resume does. In a large batch where drafting hardly pays, the policy's optimistic probes
+    paid it again and again: at batch 8 a resume cost a draft model three to four plain steps.
+
+    So the decision to resume counts the setup expected per drafting step of the run it starts:
+    the mean setup of the last ``RESUME_WINDOW`` resumes at this batch size over the mean length
+    of the runs they started, the window (``horizon``) counting as one run. A drafter whose runs
+    last pays its setup once over many steps and barely notices; one whose probes end after a
+    step or two must expect a probe to pay for its whole setup, and stops probing unless its
+    acceptance is good enough to. Until a resume at a batch size has been measured, nothing is
+    charged. Within a run nothing is charged either: the setup is spent.
+    """
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon = horizon
+        #: By batch size, the setup seconds of the latest resumes.
+        self.setup: dict[int, deque[float]] = {}
+        #: By batch size at their start, the drafting steps of the latest runs that have ended.
+        self.lengths: dict[int, deque[int]] = {}
+        #: The run under way: its batch size at the start, and its drafting steps so far.
+        self._run: list[int] | None = None
+
+    def seconds_per_step(self, rows: int) -> float:
+        """Setup to count per drafting step if a batch of ``rows`` drafts now (0 within a run)."""
+        if self._run is not None or rows not in self.setup:
+            return 0.0
+        lengths = [self.horizon, *self.lengths.get(rows, ())]
+        return statistics.fmean(self.setup[rows]) / statistics.fmean(lengths)
+
+    def drafted(self, rows: int, setup_seconds: float) -> None:
+        """A step drafted for a batch of ``rows``, spending ``setup_seconds`` on setup."""
+        if self._run is None:
+            self.setup.setdefault(rows, deque(maxlen=RESUME_WINDOW)).append(setup_seconds)
+            self._run = [rows, 0]
+        self._run[1] += 1
+
+    def paused(self) -> None:
+        """A step without drafts: the run under way, if any, has ended."""
+        if self._run is not None:
+            rows, steps = self._run
+            self.lengths.setdefault(rows, deque(maxlen=RESUME_WINDOW)).append(steps)
+            self._run = None
 
 
 class StepTime:
@@ -198,10 +252,13 @@ class ForwardCost:
     """Cost of a target forward by width (tokens per request), relative to one token, for one batch size.
 
     ``base_seconds`` is the measured time of the one-token forward, the unit of ``relative``.
+    No width counts as cheaper than one token: a wider forward measured faster is noise (a tiny
+    model's forwards take a millisecond), and taken at its word it made drafts that are never
+    accepted look worth verifying.
     """
 
     def __init__(self, relative: list[float], base_seconds: float = 0.0) -> None:
-        self.relative = relative
+        self.relative = [max(r, 1.0) for r in relative]
         self.base_seconds = base_seconds
 
     @classmethod
@@ -252,31 +309,42 @@ class ForwardCost:
         offered: Sequence[int],
         draft_cost: float = 0.0,
         tree_depth: int | None = None,
+        setup_cost: float = 0.0,
     ) -> int:
         """The longest draft length for the batch whose expected tokens per unit of cost are within
         ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts.
 
         ``draft_cost`` is what drafting one more token for the batch costs, in one-token forwards
-        (0 once the drafts exist: their cost is spent).
+        (0 once the drafts exist: their cost is spent). ``setup_cost`` is what drafting at all
+        costs the step, whatever the length, in the same unit (a resume's setup spread over the
+        run it starts: :class:`ResumeCost`).
 
         ``tree_depth`` says the drafts will form trees of at most that depth: then the choice is
         all the offered nodes or none (see :meth:`tree_pays`).
         """
         if tree_depth is not None:
-            return max(offered, default=0) if self.tree_pays(estimates, offered, tree_depth, draft_cost) else 0
+            pays = self.tree_pays(estimates, offered, tree_depth, draft_cost, setup_cost)
+            return max(offered, default=0) if pays else 0
         longest = min(max(offered, default=0), len(self.relative) - 1)
         gains = [e.expected_tokens(min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
         rates = [
-            sum(g[min(n, len(g) - 1)] for g in gains) / (self.relative[n] + draft_cost * n) for n in range(longest + 1)
+            sum(g[min(n, len(g) - 1)] for g in gains) / (self.relative[n] + draft_cost * n + (setup_cost if n else 0.0))
+            for n in range(longest + 1)
         ]
         best = max(rates)
         if rates[0] == best:
             # Drafting must be expected to win, not merely to lose less than the tolerance.
             return 0
-        return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE))
+        # The tolerance keeps longer drafts near the best, never one expected to lose to plain decoding.
+        return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE) and rates[n] > rates[0])
 
     def tree_pays(
-        self, estimates: Sequence[AcceptanceEstimate], offered: Sequence[int], depth: int, draft_cost: float = 0.0
+        self,
+        estimates: Sequence[AcceptanceEstimate],
+        offered: Sequence[int],
+        depth: int,
+        draft_cost: float = 0.0,
+        setup_cost: float = 0.0,
     ) -> bool:
         """Whether drafting trees of ``offered[b]`` nodes, at most ``depth`` deep, beats plain decoding.
 
@@ -290,7 +358,7 @@ class ForwardCost:
         if width == 0:
             return False
         gained = sum(e.expected_tokens(min(depth, n))[-1] for e, n in zip(estimates, offered, strict=True))
-        return gained / (self.relative[width] + draft_cost * width) > len(estimates)
+        return gained / (self.relative[width] + draft_cost * width + setup_cost) > len(estimates)
 
 
 class ContextCost:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, StepTime
+from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, ResumeCost, StepTime
 from specdec.errors import ConfigError, PluginError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
@@ -65,6 +65,8 @@ class Engine:
         self.step_times: dict[int, StepTime] = {}
         #: Drafting time per drafted token (per round: the longest proposal), by batch size.
         self.draft_time: dict[int, DraftTime] = {}
+        #: The setup a drafting run pays when drafting resumes after a pause.
+        self.resume_cost = ResumeCost(config.adaptive_window)
         #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
         self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
 
@@ -192,10 +194,12 @@ class Engine:
             # Before drafting: a batch whose recent acceptance does not pay for the drafting and
             # the wider forward skips the drafter.
             measured = self.draft_time.get(len(batch))
-            draft_cost = measured.seconds / cost.base_seconds if measured is not None and cost.base_seconds else 0.0
+            unit = cost.base_seconds
+            draft_cost = measured.seconds / unit if measured is not None and unit else 0.0
+            setup_cost = self.resume_cost.seconds_per_step(len(batch)) / unit if unit else 0.0
             tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
             keep = cost.best_length(
-                [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth
+                [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth, setup_cost
             )
             if keep == 0 and measured is not None:
                 measured.fade(config.adaptive_window)
@@ -206,7 +210,9 @@ class Engine:
             proposals = self._draft(batch)
             longest = max(len(p) for p in proposals)
             if longest:
-                elapsed = time.perf_counter() - draft_start - (self.resource_manager.setup_seconds() - setup)
+                setup = self.resource_manager.setup_seconds() - setup
+                self.resume_cost.drafted(len(batch), setup)
+                elapsed = time.perf_counter() - draft_start - setup
                 if len(batch) in self.draft_time:
                     self.draft_time[len(batch)].record(elapsed / longest)
                 else:
@@ -219,6 +225,8 @@ class Engine:
             # the branches that make it worth drafting.
             keep = cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals])
             proposals = [_truncate(p, keep) if len(p) > keep else p for p in proposals]
+        if not any(len(p) for p in proposals):
+            self.resume_cost.paused()
         drafted = time.perf_counter()
         rows = [[r.token_ids[-1], *p.token_ids] for r, p in zip(batch, proposals)]
         trees = [None if p.parents is None else [-1, *(q + 1 for q in p.parents)] for p in proposals]

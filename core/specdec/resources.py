@@ -59,6 +59,7 @@ class ResourceManager:
         draft model prefilling its prompt only when it is needed), or that catches its state up on
         tokens emitted while drafting was paused, reports that time here. The engine reads it
         around each drafting call and keeps it out of the per-token drafting cost its adaptive
-        policy weighs; the time still counts in the request's metrics.
+        policy weighs, charging a resume's setup to the decision to resume instead
+        (:class:`~specdec.draft_policy.ResumeCost`); the time still counts in the request's metrics.
         """
         return 0.0
