@@ -67,6 +67,24 @@ def test_bad_lines_name_the_line(tmp_path: Path, line: str, message: str) -> Non
     assert f"{path}:1" in str(info.value)
 
 
+@pytest.mark.parametrize("suffix", [".xz", ".gz", ".bz2"])
+def test_compressed_conversations_read_as_plain(tmp_path: Path, suffix: str) -> None:
+    """A data set kept compressed reads exactly as its plain file; a damaged one is a one-line error."""
+    import bz2
+    import gzip
+    import lzma
+
+    compress = {".xz": lzma.compress, ".gz": gzip.compress, ".bz2": bz2.compress}[suffix]
+    plain = write_prompts(tmp_path / "plain.jsonl")
+    packed = tmp_path / f"packed.jsonl{suffix}"
+    packed.write_bytes(compress(plain.read_bytes()))
+    assert read_conversations(packed) == read_conversations(plain)
+    damaged = tmp_path / f"damaged.jsonl{suffix}"
+    damaged.write_bytes(compress(plain.read_bytes())[:-12])
+    with pytest.raises(ConfigError, match="damaged.jsonl"):
+        read_conversations(damaged)
+
+
 def test_cli_writes_the_sample_and_rejects_bad_input(tiny, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model_dir = tmp_path / "tiny"
     tiny.model.save_pretrained(model_dir)

@@ -36,7 +36,10 @@ a domain described in a system turn made its requests incoherent instead.
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import lzma
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,13 +88,21 @@ class SynthesisOptions:
                               "writes are sampled")
 
 
+_DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+
+
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
-    """Load and check a conversations jsonl file; a bad line is a one-line error naming it."""
+    """Load and check a conversations jsonl file, plain or compressed (``.xz``, ``.gz``, ``.bz2``,
+    as data sets kept in a repository are); a bad line is a one-line error naming it."""
     records = []
+    opener = _DECOMPRESSORS.get(Path(path).suffix, open)
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        with opener(path, "rt", encoding="utf-8") as source:
+            lines = source.read().splitlines()
     except OSError as exc:
         raise ConfigError(f"conversations file {str(path)!r}: {exc.strerror or exc}") from None
+    except (lzma.LZMAError, EOFError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"conversations file {str(path)!r}: cannot be read ({exc})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
