@@ -1,5 +1,7 @@
 """The model runner's extension points for tree methods and hidden-state methods."""
 
+import warnings
+
 import torch
 
 from specdec.runner import ModelRunner, tree_attention
@@ -69,3 +71,19 @@ def test_batched_tree_rows_equal_chains_and_compact_to_the_accepted_path(tiny):
     after = runner.forward_rows(batch, [[12], [13]])
     path_cache, _ = alone(prompts[0], [4, 6, 8])
     torch.testing.assert_close(after[0].logits, runner.forward(path_cache, [12]).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_forwards_pass_the_cache_under_the_name_the_installed_transformers_takes(tiny):
+    """No deprecation warning from the model for the cache keyword, single or batched.
+
+    transformers 5.24 warns on ``past_key_values`` (removed in 5.40): a runner still passing it
+    fails here, and would break when that release lands."""
+    runner = ModelRunner(tiny.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache = runner.new_cache()
+        runner.forward(cache, list(range(3, 12)))
+        runner.forward(cache, [4, 5])
+        batch = runner.new_cache(rows=0)
+        batch.append_rows(cache)
+        runner.forward_rows(batch, [[6, 7]])

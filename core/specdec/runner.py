@@ -18,6 +18,7 @@ Two extension points for the draft-head methods:
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,15 @@ class RunnerOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword ``model.forward`` takes its KV cache under.
+
+    Recent transformers releases (5.24 here) take it as ``cache`` and warn that
+    ``past_key_values`` goes in 5.40; earlier 5.x releases know only ``past_key_values``.
+    """
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
         self.model = model.eval()
@@ -40,6 +50,7 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self._cache_keyword = cache_keyword(model)
 
     def new_cache(self, rows: int = 1) -> BatchKVCache:
         """An empty cache for ``rows`` requests (``rows=0`` for a batch that requests join later)."""
@@ -62,7 +73,7 @@ class ModelRunner:
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=input_ids,
-            past_key_values=cache,
+            **{self._cache_keyword: cache},
             use_cache=True,
             position_ids=position_ids,
             attention_mask=attention_mask,
@@ -110,7 +121,7 @@ class ModelRunner:
         mask = mask.to(self.device)
         out = self.model(
             input_ids=input_ids,
-            past_key_values=cache,
+            **{self._cache_keyword: cache},
             use_cache=True,
             position_ids=position_ids,
             attention_mask=mask[:, None],
