@@ -4,6 +4,7 @@ conversations files, with the metrics' own definitions."""
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,18 @@ def spec_bench_file(tmp_path: Path) -> Path:
 
 
 def test_prompt_sets_from_both_formats(spec_bench_file: Path, tmp_path: Path) -> None:
+    """Spec-Bench files give their turns; conversations files, plain or compressed as the kept
+    training data is, give the conversation up to its last user turn."""
     assert load_prompt_set(str(spec_bench_file), None, None, 2)[0] == ("echo", QUESTIONS[0]["turns"])
     assert load_prompt_set(str(spec_bench_file), ["words"], None, 1) == [("words", QUESTIONS[2]["turns"])]
-    conversations = tmp_path / "conv.jsonl"
-    conversations.write_text(json.dumps({"conversation_id": "a", "category": "chat", "conversations": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}, {"role": "user", "content": "more"}]}) + "\n")
-    assert load_prompt_set(str(conversations), None, None, 1) == [("chat", [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}, {"role": "user", "content": "more"}])]
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"}, {"role": "user", "content": "more"}]
+    row = json.dumps({"conversation_id": "a", "category": "chat", "conversations": turns}) + "\n"
+    plain = tmp_path / "conv.jsonl"
+    plain.write_text(row)
+    compressed = tmp_path / "conv.jsonl.xz"
+    compressed.write_bytes(lzma.compress(row.encode()))
+    for conversations in (plain, compressed):
+        assert load_prompt_set(str(conversations), None, None, 1) == [("chat", turns)]
 
 
 def test_every_turn_is_asked_after_the_models_own_answers(spec_bench_file: Path) -> None:

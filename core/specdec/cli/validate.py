@@ -26,21 +26,21 @@ from specdec.llm import LLM
 from specdec.metrics import RequestMetrics, aggregate
 from specdec.progress import Progress, log_console
 from specdec.sampling import SamplingParams
-from specdec.training.synthesize import prompt_turns, read_conversations
+from specdec.training.synthesize import UNREADABLE, open_text, prompt_turns, read_conversations
 
 Conversation = list[dict[str, str]]
 
 
 def _is_conversations_file(dataset: str) -> bool:
-    """A jsonl whose first row has ``conversations`` (rather than Spec-Bench's ``turns``)."""
-    path = Path(dataset)
-    if not path.is_file():
+    """A jsonl, plain or compressed, whose first row has ``conversations`` (rather than
+    Spec-Bench's ``turns``)."""
+    if not Path(dataset).is_file():
         return False
     try:
-        with path.open(encoding="utf-8") as source:
+        with open_text(dataset) as source:
             first = next((line for line in source if line.strip()), "")
         return isinstance(row := json.loads(first), dict) and "conversations" in row
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, ValueError, *UNREADABLE):
         return False
 
 

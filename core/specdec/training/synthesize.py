@@ -44,7 +44,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from specdec.errors import ConfigError
 from specdec.llm import LLM
@@ -89,19 +89,26 @@ class SynthesisOptions:
 
 
 _DECOMPRESSORS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
+UNREADABLE = (lzma.LZMAError, EOFError, UnicodeDecodeError)
+"""What reading a damaged compressed file, or a non-UTF-8 one, raises besides :class:`OSError`."""
+
+
+def open_text(path: str | Path) -> TextIO:
+    """``path`` opened as UTF-8 text, decompressed by suffix (``.xz``, ``.gz``, ``.bz2``, as data
+    sets kept in a repository are) or plain."""
+    return _DECOMPRESSORS.get(Path(path).suffix, open)(path, "rt", encoding="utf-8")
 
 
 def read_conversations(path: str | Path) -> list[dict[str, Any]]:
-    """Load and check a conversations jsonl file, plain or compressed (``.xz``, ``.gz``, ``.bz2``,
-    as data sets kept in a repository are); a bad line is a one-line error naming it."""
+    """Load and check a conversations jsonl file, plain or compressed (see :func:`open_text`);
+    a bad line is a one-line error naming it."""
     records = []
-    opener = _DECOMPRESSORS.get(Path(path).suffix, open)
     try:
-        with opener(path, "rt", encoding="utf-8") as source:
+        with open_text(path) as source:
             lines = source.read().splitlines()
     except OSError as exc:
         raise ConfigError(f"conversations file {str(path)!r}: {exc.strerror or exc}") from None
-    except (lzma.LZMAError, EOFError, UnicodeDecodeError) as exc:
+    except UNREADABLE as exc:
         raise ConfigError(f"conversations file {str(path)!r}: cannot be read ({exc})") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
