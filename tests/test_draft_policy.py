@@ -282,14 +282,17 @@ def test_a_resume_counts_its_setup_over_the_runs_resumes_start():
 
 
 def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
-    """A drafter that must spend 100 ms catching up whenever drafting resumes after a pause (as a
-    draft model's cache does), costs 0.5 ms per drafted token, and always drafts wrong tokens.
-    Each probe the engine makes once its acceptance window has aged back to optimism pays that
-    setup for nothing. The engine once probed 3-6 times over 300 tokens and drafted on 20-210
-    steps (measured with a 40 ms setup; it also kept lengths expected to lose to plain decoding
-    when a shorter one barely won); counting a resume's setup over the short runs resumes have
-    started, it resumes at most twice more after its first run. The output is unchanged."""
+    """A drafter that must spend 40 plain steps' time catching up whenever drafting resumes after
+    a pause (as a draft model's cache does), costs a quarter step per drafted token, and always
+    drafts wrong tokens. Each probe the engine makes once its acceptance window has aged back to
+    optimism pays that setup for nothing. The engine once probed 3-6 times over 300 tokens and
+    drafted on 20-210 steps (it also kept lengths expected to lose to plain decoding when a
+    shorter one barely won); counting a resume's setup over the short runs resumes have started,
+    it resumes at most twice more after its first run. The output is unchanged.
 
+    Costs are in units of the plain step this machine measures, so load does not change what
+    the test asks: with a fixed 100 ms setup, a busy machine's slow plain steps made probing
+    nearly free, and both engines passed or failed by chance."""
     class CatchUp(ResourceManager):
         def __init__(self):
             super().__init__()
@@ -299,6 +302,11 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
         def setup_seconds(self):
             return self.seconds
 
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
+    params = SamplingParams(max_tokens=300, ignore_eos=True)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
+    step = plain.metrics.time_decode / plain.metrics.num_steps
+
     class Wrong:
         resumes = 0
 
@@ -306,16 +314,13 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
             for r in requests:
                 if manager.fed.get(r.request_id, 0) < len(r.token_ids) - 5:  # behind: a resume
                     start = time.perf_counter()
-                    time.sleep(0.1)
+                    time.sleep(40 * step)
                     manager.seconds += time.perf_counter() - start
                     self.resumes += 1
                 manager.fed[r.request_id] = len(r.token_ids)
-            time.sleep(0.0005 * max(r.max_draft_len for r in requests))
+            time.sleep(step / 4 * max(r.max_draft_len for r in requests))
             return [[(r.token_ids[-1] + 1) % tiny.model.config.vocab_size] * r.max_draft_len for r in requests]
 
-    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
-    params = SamplingParams(max_tokens=300, ignore_eos=True)
-    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
     drafter = Wrong()
     config = UserProvidedDecodingConfig(drafter=drafter, resource_manager=CatchUp(), max_draft_len=4)
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
