@@ -281,6 +281,12 @@ def test_a_resume_counts_its_setup_over_the_runs_resumes_start():
     assert cost.tree_pays(good, [4] * 8, 4, 0.1) and not cost.tree_pays(good, [4] * 8, 4, 0.1, 2.0)
 
 
+def plain_step_seconds(plain) -> float:
+    """Seconds per plain decoding step of a finished request: the unit timing tests price
+    delays in, so a busy machine scales them with the work they stand against."""
+    return plain.metrics.time_decode / plain.metrics.num_steps
+
+
 def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
     """A drafter that must spend 40 plain steps' time catching up whenever drafting resumes after
     a pause (as a draft model's cache does), costs a quarter step per drafted token, and always
@@ -293,6 +299,7 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
     Costs are in units of the plain step this machine measures, so load does not change what
     the test asks: with a fixed 100 ms setup, a busy machine's slow plain steps made probing
     nearly free, and both engines passed or failed by chance."""
+
     class CatchUp(ResourceManager):
         def __init__(self):
             super().__init__()
@@ -305,7 +312,7 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
     params = SamplingParams(max_tokens=300, ignore_eos=True)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
-    step = plain.metrics.time_decode / plain.metrics.num_steps
+    step = plain_step_seconds(plain)
 
     class Wrong:
         resumes = 0
@@ -365,15 +372,17 @@ def test_step_times_correct_the_warmup_costs_by_draft_count():
 
 def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):
     """A drafter that always drafts the right tokens, against a target whose forwards wider than
-    one token take 200 ms more once warm-up is done (a machine that got busy, or a verify path
-    the warm-up never ran): the warm-up's flat costs say every step should draft 4, so an engine
-    going by them alone drafts on every step to the end. Learning each step's real time, it
-    stops within a few steps, and the output is unchanged. (With 40 ms, a machine busy enough to
-    make the tiny target's plain step 10 ms really did make drafting pay, and the test flaked.)"""
+    one token take 20 plain steps more once warm-up is done (a machine that got busy, or a
+    verify path the warm-up never ran): the warm-up's flat costs say every step should draft 4,
+    so an engine going by them alone drafts on every step to the end. Learning each step's real
+    time, it stops within a few steps, and the output is unchanged. (The delay is in plain steps
+    measured on this machine: a fixed 40 ms made drafting really pay once load had slowed the
+    tiny target's plain step to 10 ms, and the test flaked.)"""
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
     params = SamplingParams(max_tokens=200, ignore_eos=True)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
     prompt_len = len(prompt["prompt_token_ids"])
+    step = plain_step_seconds(plain)
 
     class Oracle:
         def prepare_draft_tokens(self, requests, resource_manager):
@@ -386,7 +395,7 @@ def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):
 
         def slow_when_wide(cache, token_ids, *args, **kwargs):
             if len(token_ids) > 1 and len(token_ids) < 16:  # a verify, not the prompt's prefill
-                time.sleep(0.2)
+                time.sleep(20 * step)
             return forward(cache, token_ids, *args, **kwargs)
 
         runner.forward = slow_when_wide
