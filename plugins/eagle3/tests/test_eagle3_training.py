@@ -16,7 +16,7 @@ from specdec_eagle3 import load_head
 from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
-from specdec_eagle3.training.loop import FitOptions, evaluate, export, fit, new_head
+from specdec_eagle3.training.loop import FitOptions, evaluate, export, fit, new_head, with_draft_vocabulary
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget, collate
 from specdec.training.token_frequency import token_counts
 from specdec_eagle3.training.vocab import calibrate
@@ -125,6 +125,36 @@ def test_online_training_learns(target, workdir: Path) -> None:
     fit(head, OnlineTarget(target.model, LAYERS), dataset, FitOptions(steps=40, batch_size=8, lr=3e-3, ttt_steps=2),
         World(), reports.append)
     assert reports[-1].accuracies[0] > reports[0].accuracies[0] + 0.2
+
+
+def test_a_continued_head_moves_to_a_new_draft_vocabulary(workdir: Path) -> None:
+    """Recalibrating a trained head's vocabulary keeps what it learned: a token in both vocabularies
+    gets exactly the logit it had, a new token starts from the target's output row, and every other
+    weight is the head's own."""
+    dataset = DumpDataset(workdir / "dump")
+    head = _fresh_head(dataset)
+    with torch.no_grad():
+        for param in head.parameters():
+            param.add_(0.01 * torch.randn_like(param))
+    lm_head = dataset.target_tensors()["lm_head.weight"]
+    vocab = int(head.t2d.numel())
+    chosen = torch.cat((head.draft_to_target()[::2], torch.nonzero(~head.t2d).flatten()[:6])).sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[chosen] = True
+    moved = with_draft_vocabulary(head, chosen - torch.arange(chosen.numel()), t2d, lm_head)
+    assert moved.config.draft_vocab_size == chosen.numel() and torch.equal(moved.draft_to_target(), chosen)
+    hidden = torch.randn(5, head.config.hidden_size)
+    old_logits, new_logits = head.logits(hidden), moved.logits(hidden)
+    old_index = {int(t): d for d, t in enumerate(head.draft_to_target())}
+    for d, t in enumerate(chosen.tolist()):
+        if t in old_index:
+            torch.testing.assert_close(new_logits[:, d], old_logits[:, old_index[t]], rtol=0, atol=0)
+        else:
+            assert torch.equal(moved.lm_head.weight[d], lm_head[t].float())
+    kept = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+    for name, tensor in kept.items():
+        assert torch.equal(moved.state_dict()[name], tensor), name
+    assert moved.training
 
 
 @pytest.mark.parametrize("layout", ["safeailab", "speculators"])

@@ -41,7 +41,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """The whole workflow from the command line: the head it writes loads in both layouts and drafts,
-    and a later fit continues it (`--init-head`) with its own draft vocabulary."""
+    and a later fit continues it (`--init-head`) with its own draft vocabulary or a recalibrated one."""
     d, target = files["dir"], str(files["target"])
     result = specdec("train", "eagle3", "dump", "--model", target, "--dtype", "float32", "--data", str(files["data"]),
                      "--output", str(d / "dump"), "--layers", "0,1,2", "--shard-size", "5")
@@ -67,8 +67,12 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert torch.equal(continued.d2t, head.d2t) and torch.equal(continued.t2d, head.t2d)
     assert not torch.equal(continued.fc.weight, head.fc.weight)
     assert json.loads((d / "continued" / "training.json").read_text())["init_head"] == str(d / "head")
-    one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",
-                    str(d / "head"), "--draft-vocab-size", "20"], "--init-head continues a head with its own draft vocabulary", capsys)
+    result = specdec("train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "recalibrated"),
+                     "--init-head", str(d / "head"), "--draft-vocab-size", "28", "--ttt-steps", "3", "--steps", "1",
+                     "--batch-size", "4")
+    assert result.returncode == 0, result.stderr
+    assert "recalibrated the draft vocabulary on this data: 20 of its 28 tokens keep the head's output rows" in result.stderr
+    assert load_head(d / "recalibrated").config.draft_vocab_size == 28
     head.config.layers_to_capture = (0, 1, 3)
     export(head, str(d / "other-layers"), "safeailab", torch.float32, "tiny", (), 3)
     one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",

@@ -23,7 +23,7 @@ from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
 from specdec_eagle3.training.distributed import join, leave
 from specdec_eagle3.training.dump import DumpDataset, write_dump
-from specdec_eagle3.training.loop import FitOptions, StepReport, export, fit, new_head
+from specdec_eagle3.training.loop import FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget
 from specdec_eagle3.training.vocab import calibrate
 
@@ -127,7 +127,7 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")
 @click.option("--layers", default=None, help="Online mode: target layers to fuse (default: 2, L//2, L-3).")
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Online mode: truncate conversations.")
-@click.option("--draft-vocab-size", type=int, default=None, help="Draft vocabulary size (default: min(32000, target vocabulary)).")
+@click.option("--draft-vocab-size", type=int, default=None, help="Draft vocabulary size (default: min(32000, target vocabulary)); with --init-head, recalibrate to this size.")
 @click.option("--ttt-steps", type=click.IntRange(1, 16), default=7, show_default=True, help="Unrolled training-time-test steps.")
 @click.option("--loss-decay", type=float, default=0.8, show_default=True, help="Weight of step k's loss: decay ** k.")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (default: one epoch).")
@@ -138,7 +138,8 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--init-from-target/--no-init-from-target", default=True, show_default=True,
               help="Start the head's final norm and output layer from the target's.")
 @click.option("--init-head", type=click.Path(file_okay=False), default=None,
-              help="Continue training this head (either layout) instead of a new one; it keeps its draft vocabulary.")
+              help="Continue training this head (either layout) instead of a new one. It keeps its draft vocabulary "
+                   "unless --draft-vocab-size is given, which recalibrates the vocabulary on this data.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="safeailab", show_default=True, help="Exported checkpoint layout.")
 @click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
 @click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
@@ -160,8 +161,6 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
     if warmup < 0 or save_every < 0 or heldout < 0 or eval_every < 0:
         raise ConfigError("--warmup, --save-every, --heldout and --eval-every must be >= 0")
-    if init_head is not None and draft_vocab_size is not None:
-        raise ConfigError("--draft-vocab-size: --init-head continues a head with its own draft vocabulary; give one of them")
     _quiet_transformers()
     world = join(resolve_device(device))
     console = Console(stderr=True, quiet=not world.is_main)
@@ -192,7 +191,14 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
             # The draft vocabulary comes from the training conversations only.
             assistant, every = token_counts((s for i, s in enumerate(dataset.sequences()) if i not in held), vocab)
             if init_head is not None:
-                head = _continued_head(init_head, target_config, fused).to(world.device)
+                head = _continued_head(init_head, target_config, fused)
+                if draft_vocab_size is not None:
+                    d2t, t2d = calibrate(assistant, every, draft_vocab_size)
+                    shared = int((head.t2d & t2d).sum())
+                    head = with_draft_vocabulary(head, d2t, t2d, weights["lm_head.weight"])
+                    console.print(f"recalibrated the draft vocabulary on this data: {shared} of its {draft_vocab_size} tokens "
+                                  f"keep the head's output rows, the rest start from the target's")
+                head = head.to(world.device)
                 d2t, t2d = head.d2t, head.t2d
             else:
                 d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))

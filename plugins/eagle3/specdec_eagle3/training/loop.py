@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -51,6 +51,30 @@ def new_head(target_config: dict[str, Any], layers: tuple[int, ...], d2t: torch.
             head.norm.weight.copy_(target_weights["norm.weight"].float())
             head.lm_head.weight.copy_(target_weights["lm_head.weight"].float()[head.draft_to_target()])
     return head
+
+
+def with_draft_vocabulary(head: Eagle3Head, d2t: torch.Tensor, t2d: torch.Tensor, target_lm_head: torch.Tensor) -> Eagle3Head:
+    """``head`` moved onto a new draft vocabulary (``d2t``, ``t2d``), to continue training on new data.
+
+    Everything but the output layer is kept. An output row of a token the old vocabulary had keeps
+    its training; a token new to the draft vocabulary starts from the target's own output row for
+    it, as in :func:`new_head`. The result is float32, in training mode.
+    """
+    config = replace(head.config, draft_vocab_size=int(d2t.numel()))
+    moved = Eagle3Head(config, with_embedding=head.embed_tokens is not None)
+    old_ids = head.draft_to_target().cpu()
+    old_row = torch.full((config.vocab_size,), -1, dtype=torch.long)
+    old_row[old_ids] = torch.arange(old_ids.numel())
+    new_ids = torch.arange(d2t.numel()) + d2t.cpu()
+    rows = old_row[new_ids]
+    kept = rows >= 0
+    weight = target_lm_head.detach().float().cpu()[new_ids].clone()
+    weight[kept] = head.lm_head.weight.detach().float().cpu()[rows[kept]]
+    state = {name: value.detach().float().cpu() if value.is_floating_point() else value.cpu()
+             for name, value in head.state_dict().items()}
+    state.update({"lm_head.weight": weight, "d2t": d2t.cpu(), "t2d": t2d.cpu()})
+    moved.load_state_dict(state)
+    return moved.float().train()
 
 
 @dataclass
