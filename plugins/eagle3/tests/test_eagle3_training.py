@@ -129,31 +129,38 @@ def test_online_training_learns(target, workdir: Path) -> None:
 
 def test_a_continued_head_moves_to_a_new_draft_vocabulary(workdir: Path) -> None:
     """Recalibrating a trained head's vocabulary keeps what it learned: a token in both vocabularies
-    gets exactly the logit it had, a new token starts from the target's output row, and every other
-    weight is the head's own."""
-    dataset = DumpDataset(workdir / "dump")
-    head = _fresh_head(dataset)
+    gets exactly the logit it had, every other weight is the head's own, and a new token's output
+    row is its target row carried into the head's space by the map the shared rows reveal."""
+    config = {**DumpDataset(workdir / "dump").index["target_config"], "hidden_size": 8, "intermediate_size": 16,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
+    vocab = int(config["vocab_size"])
+    torch.manual_seed(0)
+    target_rows = torch.randn(vocab, 8)
+    old = torch.arange(0, vocab, 2)  # 18 tokens: more than the hidden size, so the map is determined
+    old_t2d = torch.zeros(vocab, dtype=torch.bool)
+    old_t2d[old] = True
+    head = new_head(config, LAYERS, old - torch.arange(old.numel()), old_t2d)
+    moved_space = torch.randn(8, 8)  # training moved the head's output space by this map
     with torch.no_grad():
-        for param in head.parameters():
+        head.lm_head.weight.copy_(target_rows[old] @ moved_space)
+        for param in head.midlayer.parameters():
             param.add_(0.01 * torch.randn_like(param))
-    lm_head = dataset.target_tensors()["lm_head.weight"]
-    vocab = int(head.t2d.numel())
-    chosen = torch.cat((head.draft_to_target()[::2], torch.nonzero(~head.t2d).flatten()[:6])).sort().values
+    chosen = torch.cat((old[::3], torch.arange(1, vocab, 4))).sort().values
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[chosen] = True
-    moved = with_draft_vocabulary(head, chosen - torch.arange(chosen.numel()), t2d, lm_head)
+    moved = with_draft_vocabulary(head, chosen - torch.arange(chosen.numel()), t2d, target_rows)
     assert moved.config.draft_vocab_size == chosen.numel() and torch.equal(moved.draft_to_target(), chosen)
-    hidden = torch.randn(5, head.config.hidden_size)
+    hidden = torch.randn(5, 8)
     old_logits, new_logits = head.logits(hidden), moved.logits(hidden)
-    old_index = {int(t): d for d, t in enumerate(head.draft_to_target())}
-    for d, t in enumerate(chosen.tolist()):
-        if t in old_index:
-            torch.testing.assert_close(new_logits[:, d], old_logits[:, old_index[t]], rtol=0, atol=0)
-        else:
-            assert torch.equal(moved.lm_head.weight[d], lm_head[t].float())
-    kept = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
-    for name, tensor in kept.items():
-        assert torch.equal(moved.state_dict()[name], tensor), name
+    shared = old_t2d[chosen]
+    old_index = {int(t): d for d, t in enumerate(old)}
+    assert shared.any() and not shared.all()
+    for d in torch.nonzero(shared).flatten().tolist():
+        assert torch.equal(new_logits[:, d], old_logits[:, old_index[int(chosen[d])]])
+    torch.testing.assert_close(moved.lm_head.weight[~shared], target_rows[chosen[~shared]] @ moved_space, atol=1e-4, rtol=1e-4)
+    for name, tensor in head.state_dict().items():
+        if name not in ("lm_head.weight", "d2t", "t2d"):
+            assert torch.equal(moved.state_dict()[name], tensor), name
     assert moved.training
 
 
