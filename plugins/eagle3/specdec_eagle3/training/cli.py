@@ -197,7 +197,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                     shared = int((head.t2d & t2d).sum())
                     head = with_draft_vocabulary(head, d2t, t2d, weights["lm_head.weight"])
                     console.print(f"recalibrated the draft vocabulary on this data: {shared} of its {draft_vocab_size} tokens "
-                                  f"keep the head's output rows, the rest start from the target's")
+                                  f"keep the head's output rows, the rest start from the target's, mapped into the head's space")
                 head = head.to(world.device)
                 d2t, t2d = head.d2t, head.t2d
             else:
