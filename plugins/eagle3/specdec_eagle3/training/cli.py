@@ -127,7 +127,8 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")
 @click.option("--layers", default=None, help="Online mode: target layers to fuse (default: 2, L//2, L-3).")
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Online mode: truncate conversations.")
-@click.option("--draft-vocab-size", type=int, default=None, help="Draft vocabulary size (default: min(32000, target vocabulary)); with --init-head, recalibrate to this size.")
+@click.option("--draft-vocab-size", type=int, default=None,
+              help="Draft vocabulary size (default: min(32000, target vocabulary)); with --init-head, recalibrate to this size.")
 @click.option("--ttt-steps", type=click.IntRange(1, 16), default=7, show_default=True, help="Unrolled training-time-test steps.")
 @click.option("--loss-decay", type=float, default=0.8, show_default=True, help="Weight of step k's loss: decay ** k.")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (default: one epoch).")
