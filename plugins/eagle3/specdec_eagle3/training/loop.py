@@ -77,11 +77,9 @@ def with_draft_vocabulary(head: Eagle3Head, d2t: torch.Tensor, t2d: torch.Tensor
     to_head = torch.linalg.lstsq(target_rows[old_ids], trained_rows).solution
     weight = target_rows[new_ids] @ to_head
     weight[kept] = trained_rows[rows[kept]]
-    state = {name: value.detach().float().cpu() if value.is_floating_point() else value.cpu()
-             for name, value in head.state_dict().items()}
-    state.update({"lm_head.weight": weight, "d2t": d2t.cpu(), "t2d": t2d.cpu()})
-    moved.load_state_dict(state)
-    return moved.float().train()
+    # load_state_dict copies into the new head's float32 CPU tensors, whatever the source's dtype.
+    moved.load_state_dict({**head.state_dict(), "lm_head.weight": weight, "d2t": d2t, "t2d": t2d})
+    return moved.train()
 
 
 @dataclass
