@@ -14,6 +14,7 @@ from specdec.draft_policy import (
     ForwardCost,
     ResumeCost,
     StepTime,
+    progress,
 )
 from specdec.resources import ResourceManager
 
@@ -156,6 +157,73 @@ def test_trees_are_drafted_whole_or_not_at_all():
     between = ((3 * gain + shallow) / 4 - 1.1) / 12
     assert cost.tree_pays([trees, trees], [12, 12], 5, draft_cost=between)
     assert not cost.tree_pays([trees, trees], [12, 2], 5, draft_cost=between)
+
+
+def test_progress_counts_the_mean_or_the_end_of_a_draining_batch():
+    """Without remainders a step's progress is the mean of its expected tokens. In a batch that
+    only drains toward known lengths it is how much sooner the batch ends: a request ahead of the
+    others adds nothing, the one behind decides."""
+    assert progress([1.0, 3.0]) == pytest.approx(2.0)
+    assert progress([1.0, 3.0], remaining=[50, 50]) == pytest.approx(1.0)
+    # The request drafting for is 10 tokens behind: the batch ends sooner by its gain, unless the
+    # other one would then become the last (50 / (40 / 1) = 1.25 caps the gain of 3).
+    assert progress([1.0, 3.0], remaining=[40, 50]) == pytest.approx(50 / 40)
+    assert progress([1.0, 3.0], remaining=[10, 50]) == pytest.approx(3.0)
+    assert progress([2.0, 2.0], remaining=[30, 30]) == pytest.approx(2.0)
+
+
+def test_a_draining_batch_does_not_draft_past_its_slowest_request():
+    """Four requests that accept every draft and four with nothing to draft: rows are verified at
+    one width, so with remainders unknown (or a queue to refill finished rows) the mean gain of 3
+    tokens pays for a forward of 1.6; in a batch that only drains toward equal known lengths the
+    four without drafts end it, so the wider forward only slows them; when they are far ahead,
+    the others end it and drafting for them pays again. Trees follow the same rule."""
+    cost = ForwardCost([1.0, 1.3, 1.4, 1.5, 1.6])
+    good, idle = steady(16, 4, 4), AcceptanceEstimate()
+    rows, offered = [good] * 4 + [idle] * 4, [4] * 4 + [0] * 4
+    assert cost.best_length(rows, offered) == 4
+    assert cost.best_length(rows, offered, remaining=[100] * 8) == 0
+    assert cost.best_length(rows, offered, remaining=[100] * 4 + [10] * 4) == 4
+    assert cost.tree_pays(rows, offered, 4)
+    assert not cost.tree_pays(rows, offered, 4, remaining=[100] * 8)
+
+
+class PerfectFor:
+    """A drafter that drafts the target's own greedy continuation for one prompt, nothing for others."""
+
+    def __init__(self, prompt: list[int], continuation: list[int]) -> None:
+        self.prompt, self.continuation = prompt, continuation
+
+    def prepare_draft_tokens(self, requests, resource_manager):
+        drafts = []
+        for r in requests:
+            done = len(r.token_ids) - len(self.prompt)
+            mine = r.token_ids[: len(self.prompt)] == self.prompt
+            drafts.append(self.continuation[done : done + r.max_draft_len] if mine else [])
+        return drafts
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_engine_drafts_in_a_draining_batch_only_for_its_end(tiny, ignore_eos):
+    """Two requests decoded together, drafts (always right) for one of them only, a verify of 5
+    tokens at 1.3 times one. Generating exactly 48 tokens each, nothing waiting for a row, the
+    batch ends with the request that has no drafts: drafting for the other would only slow it, so
+    the engine does not. When the end of each request is unknown (EOS may end it), each token
+    counts, and it drafts. Outputs equal plain decoding either way."""
+    prompts = [tiny.encode("hello world, hello"), tiny.encode("the cat sat on")]
+    params = SamplingParams(max_tokens=48, ignore_eos=ignore_eos)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate([{"prompt_token_ids": p} for p in prompts], params)
+    drafter = PerfectFor(prompts[0], plain[0].token_ids)
+    with LLM(tiny.model, UserProvidedDecodingConfig(drafter=drafter, max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
+        llm.engine.forward_costs[2] = everywhere(ForwardCost([1.0, 1.3, 1.3, 1.3, 1.3]))
+        llm.engine.forward_costs[1] = everywhere(ForwardCost([1.0, 1.3, 1.3, 1.3, 1.3]))
+        got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [g.token_ids for g in got] == [p.token_ids for p in plain]
+    assert got[1].metrics.num_drafts == 0
+    if ignore_eos:
+        assert got[0].metrics.num_drafts == 0
+    else:
+        assert got[0].metrics.num_drafts > 5
 
 
 def everywhere(cost: ForwardCost) -> ContextCost:

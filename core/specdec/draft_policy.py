@@ -23,6 +23,12 @@ forwards are not free; an n-gram lookup nearly is; see :class:`DraftTime`) and, 
 resumes after a pause, the setup a resume costs spread over the runs resumes start
 (:class:`ResumeCost`).
 
+A batch that only drains (no request waits for a row) and whose requests can only end at known
+lengths (``ignore_eos``, no stop tokens or strings) finishes when its last request does, and a row
+freed early is not refilled: tokens that put a request further ahead of the others buy nothing.
+There a step's worth is how much sooner the batch is projected to finish, each request going on
+at the tokens this step is expected to give it (:func:`progress`), not the mean tokens per row.
+
 Trees (a method whose ``max_draft_tokens`` exceeds its depth ``max_draft_len``) are drafted whole
 or not at all: the estimate then holds each tree's accepted depth, which gives the expected tokens
 of the whole tree, and cutting a tree to the length a chain would get loses the branches that make
@@ -248,6 +254,21 @@ class AcceptanceEstimate:
         return out
 
 
+def progress(gains: Sequence[float], remaining: Sequence[int] | None = None) -> float:
+    """A step's expected progress, in plain steps (a step without drafts makes 1).
+
+    ``gains[b]`` is request ``b``'s expected tokens this step. Without ``remaining`` every token
+    counts alike: the mean over the batch. With ``remaining[b]``, the tokens request ``b`` has left
+    in a batch that only drains, the batch ends with its slowest request: the plain steps it has
+    left (the longest remainder) over the steps it would take if each request went on at this
+    step's expected tokens. A request ahead of the others then counts for nothing, and one behind
+    them that gains nothing from this step's drafts makes the wider forward a loss.
+    """
+    if remaining is None:
+        return statistics.fmean(gains)
+    return max(remaining) / max(r / g for r, g in zip(remaining, gains, strict=True))
+
+
 class ForwardCost:
     """Cost of a target forward by width (tokens per request), relative to one token, for one batch size.
 
@@ -310,8 +331,9 @@ class ForwardCost:
         draft_cost: float = 0.0,
         tree_depth: int | None = None,
         setup_cost: float = 0.0,
+        remaining: Sequence[int] | None = None,
     ) -> int:
-        """The longest draft length for the batch whose expected tokens per unit of cost are within
+        """The longest draft length for the batch whose expected progress per unit of cost is within
         ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts.
 
         ``draft_cost`` is what drafting one more token for the batch costs, in one-token forwards
@@ -321,14 +343,18 @@ class ForwardCost:
 
         ``tree_depth`` says the drafts will form trees of at most that depth: then the choice is
         all the offered nodes or none (see :meth:`tree_pays`).
+
+        ``remaining[b]``, given for a batch that only drains toward known lengths, is the tokens
+        request ``b`` has left: progress then counts the batch's end (see :func:`progress`).
         """
         if tree_depth is not None:
-            pays = self.tree_pays(estimates, offered, tree_depth, draft_cost, setup_cost)
+            pays = self.tree_pays(estimates, offered, tree_depth, draft_cost, setup_cost, remaining)
             return max(offered, default=0) if pays else 0
         longest = min(max(offered, default=0), len(self.relative) - 1)
         gains = [e.expected_tokens(min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
         rates = [
-            sum(g[min(n, len(g) - 1)] for g in gains) / (self.relative[n] + draft_cost * n + (setup_cost if n else 0.0))
+            progress([g[min(n, len(g) - 1)] for g in gains], remaining)
+            / (self.relative[n] + draft_cost * n + (setup_cost if n else 0.0))
             for n in range(longest + 1)
         ]
         best = max(rates)
@@ -345,6 +371,7 @@ class ForwardCost:
         depth: int,
         draft_cost: float = 0.0,
         setup_cost: float = 0.0,
+        remaining: Sequence[int] | None = None,
     ) -> bool:
         """Whether drafting trees of ``offered[b]`` nodes, at most ``depth`` deep, beats plain decoding.
 
@@ -352,13 +379,13 @@ class ForwardCost:
         ``n``, so a tree is not cut by chain estimates. Its method sized it (depth, top-k, nodes);
         a request's estimate, recorded from its trees' accepted depths, gives the expected tokens
         of its whole tree, and the cost is the forward as wide as the largest tree plus drafting
-        every node.
+        every node. ``remaining`` is as in :meth:`best_length`.
         """
         width = min(max(offered, default=0), len(self.relative) - 1)
         if width == 0:
             return False
-        gained = sum(e.expected_tokens(min(depth, n))[-1] for e, n in zip(estimates, offered, strict=True))
-        return gained / (self.relative[width] + draft_cost * width + setup_cost) > len(estimates)
+        gains = [e.expected_tokens(min(depth, n))[-1] for e, n in zip(estimates, offered, strict=True)]
+        return progress(gains, remaining) / (self.relative[width] + draft_cost * width + setup_cost) > 1
 
 
 class ContextCost:

@@ -134,7 +134,7 @@ class Engine:
                         running.append(request)
                 if not running:
                     continue
-                self._step(running, cache)
+                self._step(running, cache, draining=not waiting)
                 keep = [i for i, r in enumerate(running) if not r.finished]
                 if len(keep) < len(running):
                     for request in running:
@@ -173,8 +173,11 @@ class Engine:
         request.target_output = None
         self.resource_manager.free_request(request)
 
-    def _step(self, batch: list[Request], cache: BatchKVCache) -> None:
-        """One draft -> verify -> accept round for every request of the batch."""
+    def _step(self, batch: list[Request], cache: BatchKVCache, draining: bool = False) -> None:
+        """One draft -> verify -> accept round for every request of the batch.
+
+        ``draining``: no request waits for a row, so the batch only shrinks from here on.
+        """
         runner, config = self.runner, self.config
         limit = config.draft_len_for_batch(len(batch))
         # Measured once per batch size (at warmup, or here the first time), before the clock starts,
@@ -190,6 +193,9 @@ class Engine:
                 runner.max_length - len(request.token_ids) - 1,
             )
             request.max_draft_len = max(budget, 0)
+        # A draining batch whose lengths are known ends with its slowest request (draft_policy).
+        remaining = [self.stops.known_remaining(r) for r in batch] if draining else [None]
+        remaining = None if None in remaining else remaining
         if cost is not None:
             # Before drafting: a batch whose recent acceptance does not pay for the drafting and
             # the wider forward skips the drafter.
@@ -199,7 +205,7 @@ class Engine:
             setup_cost = self.resume_cost.seconds_per_step(len(batch)) / unit if unit else 0.0
             tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
             keep = cost.best_length(
-                [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth, setup_cost
+                [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth, setup_cost, remaining
             )
             if keep == 0 and measured is not None:
                 measured.fade(config.adaptive_window)
@@ -223,7 +229,7 @@ class Engine:
             # After drafting: the offered lengths are known (an n-gram often offers fewer). A tree
             # was sized by its method to the budget; cutting it by chain estimates would lose
             # the branches that make it worth drafting.
-            keep = cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals])
+            keep = cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals], remaining=remaining)
             proposals = [_truncate(p, keep) if len(p) > keep else p for p in proposals]
         if not any(len(p) for p in proposals):
             self.resume_cost.paused()
