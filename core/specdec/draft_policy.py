@@ -16,7 +16,7 @@ counts batch steps, not request steps, so a large batch does not forget its evid
 each probe makes every row of the batch pay for a wide forward.
 
 The batch verifies every request at one width (rows are padded to the longest), so the policy
-picks one length ``L`` for the batch: the longest whose summed expected tokens per unit of cost
+picks one length ``L`` for the batch: the longest whose expected tokens per request per unit of cost
 come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding). Before drafting, the cost
 includes the drafter's own time per drafted token, measured as the engine runs (a draft model's
 forwards are not free; an n-gram lookup nearly is; see :class:`DraftTime`) and, when drafting
