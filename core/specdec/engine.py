@@ -187,16 +187,12 @@ class Engine:
         cost = step_time.correct(warmup_cost) if step_time is not None else None
         step_start = time.perf_counter()
         for request in batch:
-            budget = min(
-                limit,
-                request.params.max_tokens - request.num_output_tokens - 1,
-                runner.max_length - len(request.token_ids) - 1,
-            )
-            request.max_draft_len = max(budget, 0)
-        # A draining batch whose lengths are known ends with its slowest request (draft_policy).
-        remaining = [self.stops.known_remaining(r) for r in batch] if draining else [None]
-        remaining = None if None in remaining else remaining
+            # The step emits one token more than it drafts.
+            request.max_draft_len = max(min(limit, self.stops.tokens_left(request) - 1), 0)
         if cost is not None:
+            # A draining batch whose lengths are known ends with its slowest request (draft_policy).
+            remaining = [self.stops.known_remaining(r) for r in batch] if draining else [None]
+            remaining = None if None in remaining else remaining
             # Before drafting: a batch whose recent acceptance does not pay for the drafting and
             # the wider forward skips the drafter.
             measured = self.draft_time.get(len(batch))

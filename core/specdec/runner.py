@@ -14,6 +14,9 @@ Two extension points for the draft-head methods:
 - ``position_ids`` and a 4-D ``attention_mask`` pass through to the model, so a draft tree is
   verified in one forward: tokens are laid out flat, each at ``cache_len + depth``, and each
   attends to the cache and to its own ancestors only.
+
+A model on transformers' ``sdpa`` attention is switched to :mod:`specdec.attention`'s, which runs
+the same attention without copying the KV cache per query head in multi-token forwards.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec.attention import use_packed_attention
 from specdec.kv_cache import BatchKVCache, new_kv_cache
 
 
@@ -45,6 +49,7 @@ def cache_keyword(model: PreTrainedModel) -> str:
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
         self.model = model.eval()
+        use_packed_attention(model)
         self.capture_hidden_states = capture_hidden_states
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

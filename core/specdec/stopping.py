@@ -26,13 +26,17 @@ class StopChecker:
             return "length"
         return None
 
+    def tokens_left(self, request: Request) -> int:
+        """Tokens ``request`` may still emit before ``max_tokens`` or the context length ends it."""
+        return min(request.params.max_tokens - request.num_output_tokens, self.max_length - len(request.token_ids))
+
     def known_remaining(self, request: Request) -> int | None:
         """Tokens ``request`` will still emit if only its length can end it (``ignore_eos``, no
         stop tokens or strings), else ``None``."""
         params = request.params
         if not params.ignore_eos or params.stop_token_ids or params.stop:
             return None
-        return min(params.max_tokens - request.num_output_tokens, self.max_length - len(request.token_ids))
+        return self.tokens_left(request)
 
     def _stop_string_in_tail(self, request: Request) -> bool:
         # A stop string ending at the new token lies within its last len(utf-8 bytes)+2 tokens:

@@ -1,0 +1,75 @@
+"""The runner's grouped-query attention gives what transformers' ``sdpa`` gives, without its copies."""
+
+import copy
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from specdec.attention import PACKED_SDPA, packed_gqa_attention
+from specdec.runner import ModelRunner
+
+
+class _Grouped(torch.nn.Module):
+    num_key_value_groups = 3
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("boolean", [False, True])
+def test_packed_attention_equals_attention_over_repeated_heads(per_head, boolean):
+    """Each query head attends to its group's key/value head under its own mask row, as with
+    ``repeat_kv``, for shared and per-head masks, additive and boolean."""
+    torch.manual_seed(0)
+    batch, kv_heads, groups, length, kv, dim = 2, 2, 3, 4, 11, 8
+    query = torch.randn(batch, kv_heads * groups, length, dim)
+    key, value = torch.randn(batch, kv_heads, kv, dim), torch.randn(batch, kv_heads, kv, dim)
+    allowed = torch.rand(batch, kv_heads * groups if per_head else 1, length, kv) < 0.7
+    allowed[..., 0] = True
+    mask = allowed if boolean else torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    out, _ = packed_gqa_attention(_Grouped(), query, key, value, mask, scaling=0.3)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=mask, scale=0.3
+    )
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-6, rtol=1e-6)
+
+
+def test_runner_switches_sdpa_models_only(tiny):
+    model = copy.deepcopy(tiny.model)
+    ModelRunner(model)
+    assert model.config._attn_implementation == PACKED_SDPA
+    eager = copy.deepcopy(tiny.model)
+    eager.set_attn_implementation("eager")
+    ModelRunner(eager)
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_runner_forwards_match_transformers_sdpa(tiny):
+    """Batch-1 verify forwards over a cache (transformers builds their causal mask), ragged batched
+    rows and draft trees give the logits of the same model on transformers' own ``sdpa``."""
+    assert tiny.model.config._attn_implementation == "sdpa"
+    runner = ModelRunner(copy.deepcopy(tiny.model))
+    assert runner.model.config._attn_implementation == PACKED_SDPA
+
+    def with_sdpa(step):
+        runner.model.set_attn_implementation("sdpa")
+        try:
+            return step()
+        finally:
+            runner.model.set_attn_implementation(PACKED_SDPA)
+
+    prompts = [list(range(3, 30)), list(range(5, 14)), [3 + i % 30 for i in range(41)]]
+
+    def batch_1():
+        cache = runner.new_cache()
+        runner.forward(cache, prompts[0])
+        return runner.forward(cache, [4, 9, 11, 6]).logits
+
+    def batched():
+        cache = runner.new_cache(3)
+        runner.forward_rows(cache, prompts)
+        chains = runner.forward_rows(cache, [[4, 9, 11], [6], [8, 8]])
+        trees = runner.forward_rows(cache, [[5, 6, 7, 8], [9, 10], [3]], parents=[[-1, 0, 0, 1], None, [-1]])
+        return torch.cat([o.logits for o in chains + trees])
+
+    for step in (batch_1, batched):
+        torch.testing.assert_close(step(), with_sdpa(step), atol=1e-5, rtol=1e-5)
