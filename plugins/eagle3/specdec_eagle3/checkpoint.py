@@ -6,12 +6,16 @@ Llama ``config.json`` with ``num_hidden_layers: 1`` and ``draft_vocab_size`` (op
 ``midlayer.self_attn.{q,k,v,o}_proj.weight``, ``midlayer.mlp.{gate,up,down}_proj.weight``,
 ``midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight``, ``fc.weight``,
 ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; in ``model.safetensors`` or
-``pytorch_model.bin``.
+``pytorch_model.bin``. The authors' code builds exactly one ``midlayer`` whatever
+``num_hidden_layers`` says (EAGLE3-Vicuna1.3-13B's config says 40), so this layout is always one
+layer.
 
 **vLLM speculators**: ``config.json`` with ``speculators_model_type: eagle3``, the layer's Llama
 fields under ``transformer_layer_config``, ``draft_vocab_size``, ``norm_before_residual``,
 ``eagle_aux_hidden_state_layer_ids`` and a ``speculators_config`` (algorithm, proposal methods,
-verifier); the same tensors with ``layers.0.`` in place of ``midlayer.``.
+verifier); the same tensors with ``layers.0.`` in place of ``midlayer.``. Its
+``transformer_layer_config.num_hidden_layers`` may exceed 1 (vLLM reads such heads): layers
+``layers.1.`` on are plain Llama layers (``later_layers.{i - 1}.`` here).
 
 Either may carry ``embed_tokens.weight``; without it the head uses the target's embedding.
 """
@@ -19,20 +23,24 @@ Either may carry ``embed_tokens.weight``; without it the head uses the target's 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from specdec.errors import ModelLoadError
+from specdec.errors import ConfigError, ModelLoadError
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 
 Layout = Literal["safeailab", "speculators"]
 LAYOUTS: tuple[str, ...] = ("safeailab", "speculators")
 _SPECULATORS_LAYER = "layers.0."
+_SPECULATORS_LAYERS = re.compile(r"layers\.(\d+)\.")
 _MIDLAYER = "midlayer."
+_LATER_LAYERS = re.compile(r"later_layers\.(\d+)\.")
 #: Tensors some checkpoints carry that inference does not use.
 _IGNORED_PREFIXES = ("verifier_norm.", "verifier_lm_head.")
 _REQUIRED_LLAMA_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
@@ -58,7 +66,7 @@ def load_head(path: str | Path) -> Eagle3Head:
     _infer_fused_layers(config, tensors)
     _default_vocab_maps(tensors, config, directory)
     head = Eagle3Head(config, with_embedding="embed_tokens.weight" in tensors)
-    _check_tensors(head, tensors, directory)
+    _check_tensors(head, tensors, directory, _to_speculators if layout == "speculators" else str)
     head.load_state_dict(tensors)
     _check_vocab_maps(head, directory)
     return head.eval()
@@ -81,6 +89,11 @@ def save_head(
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "safeailab" and head.config.num_layers != 1:
+        raise ConfigError(
+            f"layout: the SafeAILab layout holds one decoder layer; this head has {head.config.num_layers}, "
+            "so write it in the speculators layout"
+        )
     directory = Path(path)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: t.detach().cpu().contiguous() for name, t in head.state_dict().items()}
@@ -134,8 +147,9 @@ def _head_config(raw: dict[str, Any], layout: Layout, directory: Path) -> Eagle3
     if missing:
         where = "transformer_layer_config" if layout == "speculators" else "config.json"
         raise _fail(directory, f"{where} lacks the integer field {missing[0]!r}")
-    if fields.get("num_hidden_layers", 1) != 1:
-        raise _fail(directory, f"num_hidden_layers is {fields['num_hidden_layers']}; EAGLE-3 heads have exactly 1")
+    num_layers = fields.get("num_hidden_layers", 1) if layout == "speculators" else 1
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
+        raise _fail(directory, f"transformer_layer_config.num_hidden_layers must be a positive integer, got {num_layers!r}")
     if layers is not None and not (isinstance(layers, list) and layers and all(isinstance(i, int) for i in layers)):
         raise _fail(directory, f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got {layers!r}")
     llama = LlamaConfig(**{k: v for k, v in fields.items() if k not in ("architectures", "auto_map")})
@@ -148,6 +162,7 @@ def _head_config(raw: dict[str, Any], layout: Layout, directory: Path) -> Eagle3
         norm_before_residual=bool(raw.get("norm_before_residual", False)),
         norm_before_fc=bool(raw.get("norm_before_fc", False)),
         layers_to_capture=tuple(sorted(layers)) if layers else None,
+        num_layers=num_layers,
     )
 
 
@@ -169,11 +184,19 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def _from_speculators(name: str) -> str:
-    return _MIDLAYER + name[len(_SPECULATORS_LAYER) :] if name.startswith(_SPECULATORS_LAYER) else name
+    """``layers.0.x`` -> ``midlayer.x``; ``layers.i.x`` -> ``later_layers.{i - 1}.x``."""
+    match = _SPECULATORS_LAYERS.match(name)
+    if match is None:
+        return name
+    index, rest = int(match.group(1)), name[match.end() :]
+    return _MIDLAYER + rest if index == 0 else f"later_layers.{index - 1}.{rest}"
 
 
 def _to_speculators(name: str) -> str:
-    return _SPECULATORS_LAYER + name[len(_MIDLAYER) :] if name.startswith(_MIDLAYER) else name
+    if name.startswith(_MIDLAYER):
+        return _SPECULATORS_LAYER + name[len(_MIDLAYER) :]
+    match = _LATER_LAYERS.match(name)
+    return f"layers.{int(match.group(1)) + 1}.{name[match.end():]}" if match else name
 
 
 def _infer_fused_layers(config: Eagle3HeadConfig, tensors: dict[str, torch.Tensor]) -> None:
@@ -202,24 +225,26 @@ def _default_vocab_maps(tensors: dict[str, torch.Tensor], config: Eagle3HeadConf
         tensors["t2d"] = t2d
 
 
-def _check_tensors(head: Eagle3Head, tensors: dict[str, torch.Tensor], directory: Path) -> None:
+def _check_tensors(head: Eagle3Head, tensors: dict[str, torch.Tensor], directory: Path, shown: Callable[[str], str]) -> None:
+    """Shapes and names against the config; ``shown`` gives a tensor's name as the checkpoint spells it."""
     expected = head.state_dict()
     for name, want in expected.items():
         got = tensors.get(name)
         if got is not None and tuple(got.shape) != tuple(want.shape):
             raise _fail(
                 directory,
-                f"tensor {name!r} has shape {list(got.shape)} but config.json implies {list(want.shape)} "
+                f"tensor {shown(name)!r} has shape {list(got.shape)} but config.json implies {list(want.shape)} "
                 f"(hidden_size {head.config.hidden_size}, target_hidden_size {head.config.target_hidden_size}, "
                 f"{head.config.num_fused_layers} fused layers, draft_vocab_size {head.config.draft_vocab_size})",
             )
     missing = sorted(set(expected) - set(tensors))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise _fail(directory, f"missing tensor {missing[0]!r}{more}")
+        raise _fail(directory, f"missing tensor {shown(missing[0])!r}{more}")
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
-        raise _fail(directory, f"unexpected tensor {unexpected[0]!r}: not part of a one-layer EAGLE-3 head")
+        layers = head.config.num_layers
+        raise _fail(directory, f"unexpected tensor {shown(unexpected[0])!r}: not part of a {layers}-layer EAGLE-3 head")
 
 
 def _check_vocab_maps(head: Eagle3Head, directory: Path) -> None:
@@ -247,7 +272,7 @@ def _llama_fields(config: Eagle3HeadConfig) -> dict[str, Any]:
         "num_attention_heads": int(llama.num_attention_heads),
         "num_key_value_heads": int(llama.num_key_value_heads or llama.num_attention_heads),
         "head_dim": config.head_dim,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": config.num_layers,
         "hidden_act": llama.hidden_act,
         "rms_norm_eps": float(llama.rms_norm_eps),
         "max_position_embeddings": int(llama.max_position_embeddings),

@@ -10,6 +10,11 @@ token ``t + 1``)::
     h = h + mlp(post_attention_layernorm(h))
     logits = lm_head(norm(h))                          over the draft vocabulary: predicts t + 2
 
+A head may stack further decoder layers after that first one (vLLM's multi-layer EAGLE-3 heads,
+``num_hidden_layers`` > 1 in the speculators layout): each is a plain pre-norm Llama layer over
+``h`` alone, ``h = h + o_proj(attention(input_layernorm(h)))``, then the MLP as above; ``norm``
+and ``lm_head`` read the last one's ``h``, and ``h`` is what the next draft step feeds back.
+
 A chained draft step feeds the head's own output ``h`` back in place of ``g`` (no ``fc``). Draft id
 ``d`` is target id ``d + d2t[d]``. speculators' ``norm_before_residual`` makes the residual
 ``hidden_norm(g)``; its ``norm_before_fc`` (gpt-oss heads) applies ``input_norm`` before ``fc``.
@@ -21,6 +26,7 @@ The head keeps no embedding of its own unless the checkpoint ships one: callers 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,6 +42,8 @@ class Eagle3HeadConfig:
     ``llama`` describes the decoder layer (``hidden_size``, heads, ``intermediate_size``,
     ``rms_norm_eps``, RoPE) and the target vocabulary (``vocab_size``).
     ``layers_to_capture`` is what the checkpoint records (``None`` if it does not).
+    ``num_layers`` counts decoder layers: the first reads ``[embedding ; features]``, the rest
+    only the previous layer's output.
     """
 
     llama: LlamaConfig
@@ -46,6 +54,7 @@ class Eagle3HeadConfig:
     norm_before_fc: bool = False
     fc_bias: bool = False
     layers_to_capture: tuple[int, ...] | None = None
+    num_layers: int = 1
 
     @property
     def hidden_size(self) -> int:
@@ -60,8 +69,8 @@ class Eagle3HeadConfig:
         return int(getattr(self.llama, "head_dim", None) or self.hidden_size // self.llama.num_attention_heads)
 
 
-class HeadCache:
-    """The head's KV cache for one request: grows in place, crops by moving the length."""
+class LayerCache:
+    """One decoder layer's keys/values for one request: grows in place, crops by moving the length."""
 
     def __init__(self) -> None:
         self._keys: torch.Tensor | None = None
@@ -86,9 +95,33 @@ class HeadCache:
             buf[..., : self.length, :] = old[..., : self.length, :]
         return buf
 
+
+class HeadCache:
+    """The head's KV cache for one request: a ``layer_cache`` per decoder layer (training passes
+    one that concatenates out of place, so autograd keeps every unrolled step's keys)."""
+
+    def __init__(self, layer_cache: type = LayerCache) -> None:
+        self._make = layer_cache
+        self._layers: list[Any] = []
+
+    def layer(self, index: int) -> Any:
+        while len(self._layers) <= index:
+            self._layers.append(self._make())
+        return self._layers[index]
+
+    @property
+    def length(self) -> int:
+        """Positions cached (every layer holds the same after a head forward)."""
+        return self._layers[0].length if self._layers else 0
+
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions."""
-        self.length = min(self.length, max(length, 0))
+        for layer in self._layers:
+            layer.length = min(layer.length, max(length, 0))
+
+
+def _layer_cache(cache: HeadCache | None, index: int) -> LayerCache | None:
+    return cache.layer(index) if cache is not None else None
 
 
 def causal_mask(num_new: int, num_cached: int, device: torch.device) -> torch.Tensor | None:
@@ -101,16 +134,15 @@ def causal_mask(num_new: int, num_cached: int, device: torch.device) -> torch.Te
 
 
 class Eagle3Attention(nn.Module):
-    """Llama attention whose q/k/v read ``2 * hidden`` inputs."""
+    """Llama attention whose q/k/v read ``width`` inputs (``2 * hidden`` in the first layer)."""
 
-    def __init__(self, config: Eagle3HeadConfig) -> None:
+    def __init__(self, config: Eagle3HeadConfig, width: int) -> None:
         super().__init__()
         c = config.llama
         self.num_heads = int(c.num_attention_heads)
         self.num_kv_heads = int(c.num_key_value_heads or c.num_attention_heads)
         self.head_dim = config.head_dim
         bias = bool(getattr(c, "attention_bias", False))
-        width = 2 * config.hidden_size
         self.q_proj = nn.Linear(width, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=bias)
@@ -120,7 +152,7 @@ class Eagle3Attention(nn.Module):
         self,
         x: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: HeadCache | None,
+        cache: LayerCache | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -141,7 +173,7 @@ class Eagle3DecoderLayer(nn.Module):
         super().__init__()
         eps = float(config.llama.rms_norm_eps)
         self.norm_before_residual = config.norm_before_residual
-        self.self_attn = Eagle3Attention(config)
+        self.self_attn = Eagle3Attention(config, 2 * config.hidden_size)
         self.mlp = LlamaMLP(config.llama)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=eps)
@@ -152,7 +184,7 @@ class Eagle3DecoderLayer(nn.Module):
         embeds: torch.Tensor,
         hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: HeadCache | None,
+        cache: LayerCache | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         residual = hidden
@@ -164,8 +196,31 @@ class Eagle3DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class Eagle3LaterLayer(nn.Module):
+    """A decoder layer after the first (speculators' ``layers.1`` on): a plain pre-norm Llama layer."""
+
+    def __init__(self, config: Eagle3HeadConfig) -> None:
+        super().__init__()
+        eps = float(config.llama.rms_norm_eps)
+        self.self_attn = Eagle3Attention(config, config.hidden_size)
+        self.mlp = LlamaMLP(config.llama)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        cache: LayerCache | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        h = hidden + self.self_attn(self.input_layernorm(hidden), position_embeddings, cache, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
 class Eagle3Head(nn.Module):
-    """An EAGLE-3 draft head. Parameter names follow SafeAILab's layout (``midlayer.*``)."""
+    """An EAGLE-3 draft head. Parameter names follow SafeAILab's layout (``midlayer.*``); layers
+    after the first are ``later_layers.{i}.*`` (speculators' ``layers.{i + 1}.*``)."""
 
     def __init__(self, config: Eagle3HeadConfig, with_embedding: bool = False) -> None:
         super().__init__()
@@ -176,6 +231,7 @@ class Eagle3Head(nn.Module):
         self.input_norm = LlamaRMSNorm(fused, eps=eps) if config.norm_before_fc else None
         self.fc = nn.Linear(fused, hidden, bias=config.fc_bias)
         self.midlayer = Eagle3DecoderLayer(config)
+        self.later_layers = nn.ModuleList(Eagle3LaterLayer(config) for _ in range(config.num_layers - 1))
         self.norm = LlamaRMSNorm(hidden, eps=eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config.llama)
@@ -206,7 +262,10 @@ class Eagle3Head(nn.Module):
             cached = cache.length if cache is not None else 0
             attention_mask = causal_mask(hidden.shape[1], cached, hidden.device)
         position_embeddings = self.rotary_emb(hidden, position_ids)
-        return self.midlayer(inputs_embeds, hidden, position_embeddings, cache, attention_mask)
+        hidden = self.midlayer(inputs_embeds, hidden, position_embeddings, _layer_cache(cache, 0), attention_mask)
+        for index, layer in enumerate(self.later_layers, start=1):
+            hidden = layer(hidden, position_embeddings, _layer_cache(cache, index), attention_mask)
+        return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits for the head's output states."""

@@ -19,7 +19,8 @@ from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 
 
 def head_config(
-    target_model: torch.nn.Module, layers: tuple[int, ...] | None, draft_vocab_size: int, num_fused: int | None = None
+    target_model: torch.nn.Module, layers: tuple[int, ...] | None, draft_vocab_size: int, num_fused: int | None = None,
+    num_layers: int = 1,
 ) -> Eagle3HeadConfig:
     """A head as wide as the tiny target, over its vocabulary; ``layers`` is what a checkpoint records."""
     t = target_model.config
@@ -39,6 +40,7 @@ def head_config(
         target_hidden_size=t.hidden_size,
         num_fused_layers=num_fused or (len(layers) if layers else 3),
         layers_to_capture=layers,
+        num_layers=num_layers,
     )
 
 
@@ -65,12 +67,14 @@ def fitted_head(
     draft_vocab_size: int = 24,
     steps: int = 150,
     seed: int = 0,
+    num_layers: int = 1,
 ) -> Eagle3Head:
-    """A head trained on the target's own text to predict the target one token further ahead."""
+    """A head of ``num_layers`` decoder layers trained on the target's own text to predict the
+    target one token further ahead."""
     fingerprint = tuple(round(float(p.detach().double().sum()), 6) for p in target_model.parameters())
-    key = (fingerprint, tuple(layers), record_layers, draft_vocab_size, steps, seed)
+    key = (fingerprint, tuple(layers), record_layers, draft_vocab_size, steps, seed, num_layers)
     if key not in _FITTED:
-        _FITTED[key] = _fit(target_model, layers, record_layers, draft_vocab_size, steps, seed)
+        _FITTED[key] = _fit(target_model, layers, record_layers, draft_vocab_size, steps, seed, num_layers)
     return copy.deepcopy(_FITTED[key])
 
 
@@ -78,7 +82,8 @@ _FITTED: dict[tuple, Eagle3Head] = {}
 
 
 def _fit(
-    target_model: torch.nn.Module, layers: tuple[int, ...], record_layers: bool, draft_vocab_size: int, steps: int, seed: int
+    target_model: torch.nn.Module, layers: tuple[int, ...], record_layers: bool, draft_vocab_size: int, steps: int, seed: int,
+    num_layers: int,
 ) -> Eagle3Head:
     generator = torch.Generator().manual_seed(seed)
     ids = _target_text(target_model, num=16, length=40, generator=generator)
@@ -90,7 +95,8 @@ def _fit(
 
     counts = torch.bincount(ids.flatten(), minlength=target_model.config.vocab_size)
     vocab = counts.topk(draft_vocab_size).indices.sort().values
-    config = head_config(target_model, layers if record_layers else None, draft_vocab_size, num_fused=len(layers))
+    config = head_config(target_model, layers if record_layers else None, draft_vocab_size, num_fused=len(layers),
+                         num_layers=num_layers)
     torch.manual_seed(seed)
     head = Eagle3Head(config)
     head.d2t.copy_(vocab - torch.arange(draft_vocab_size))

@@ -10,7 +10,7 @@ import torch
 from eagle3_tiny import head_config
 from safetensors.torch import load_file, save_file
 
-from specdec.errors import ModelLoadError
+from specdec.errors import ConfigError, ModelLoadError
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import Eagle3Head, load_head, save_head
 
@@ -84,6 +84,33 @@ def test_speculators_layout_round_trip(head: Eagle3Head, tmp_path: Path) -> None
     _same(head, load_head(path))
 
 
+def test_multi_layer_heads_use_the_speculators_layout(tmp_path: Path) -> None:
+    """A three-layer head saves as speculators' ``layers.0-2.`` with ``num_hidden_layers: 3`` (as vLLM
+    reads it) and loads back bit for bit; the SafeAILab layout, one layer by definition, refuses it."""
+    target = make_tiny_target(seed=2)
+    torch.manual_seed(5)
+    deep = Eagle3Head(head_config(target.model, (0, 1, 2), draft_vocab_size=target.model.config.vocab_size, num_layers=3))
+    path = save_head(deep, tmp_path / "h", "speculators")
+    later = {n.replace("layers.0.", f"layers.{i}.") for i in (1, 2) for n in SPECULATORS_TENSORS
+             if n.startswith("layers.0.") and "hidden_norm" not in n}
+    assert set(load_file(str(path / "model.safetensors"))) == SPECULATORS_TENSORS | later
+    assert json.loads((path / "config.json").read_text())["transformer_layer_config"]["num_hidden_layers"] == 3
+    loaded = load_head(path)
+    assert loaded.config.num_layers == 3
+    _same(deep, loaded)
+    with pytest.raises(ConfigError, match="SafeAILab layout holds one decoder layer; this head has 3"):
+        save_head(deep, tmp_path / "s", "safeailab")
+
+
+def test_safeailab_heads_have_one_layer_whatever_the_config_says(head: Eagle3Head, tmp_path: Path) -> None:
+    """The authors' code builds one midlayer regardless of ``num_hidden_layers`` (EAGLE3-Vicuna1.3-13B's
+    config says 40), so such a checkpoint loads as the one-layer head it is."""
+    path = _broken(head, tmp_path, edit_config=_cfg("num_hidden_layers", 40))
+    loaded = load_head(path)
+    assert loaded.config.num_layers == 1
+    _same(head, loaded)
+
+
 def test_speculators_extras_are_understood(head: Eagle3Head, tmp_path: Path) -> None:
     """An ``embed_tokens.weight`` of its own is used; speculators' verifier copies are ignored."""
     path = save_head(head, tmp_path / "h", "speculators")
@@ -144,7 +171,6 @@ def _cfg(key, value):
         (_set("layers.1.mlp.up_proj.weight", torch.zeros(2)), None, "unexpected tensor 'layers.1.mlp.up_proj.weight'"),
         (_set("d2t", torch.full((16,), 1000)), None, "d2t maps draft ids outside the target vocabulary"),
         (_set("d2t", torch.zeros(16, dtype=torch.long).index_fill_(0, torch.tensor([1]), -1)), None, "two draft ids to the same"),
-        (None, _cfg("num_hidden_layers", 2), "num_hidden_layers is 2; EAGLE-3 heads have exactly 1"),
         (None, _cfg("hidden_size", None), "lacks the integer field 'hidden_size'"),
         (None, _cfg("hidden_size", 32), "has shape"),
     ],
@@ -164,6 +190,14 @@ def test_bad_speculators_checkpoints_fail_clearly(head: Eagle3Head, tmp_path: Pa
         load_head(path)
     path = _broken(head, tmp_path, edit_config=lambda c: c.pop("transformer_layer_config"), layout="speculators")
     with pytest.raises(ModelLoadError, match="no transformer_layer_config"):
+        load_head(path)
+    path = _broken(head, tmp_path, edit_config=lambda c: c["transformer_layer_config"].update(num_hidden_layers=2),
+                   layout="speculators")
+    with pytest.raises(ModelLoadError, match=r"missing tensor 'layers\.1\.input_layernorm\.weight' \(and 8 more\)"):
+        load_head(path)
+    path = _broken(head, tmp_path, edit_config=lambda c: c["transformer_layer_config"].update(num_hidden_layers=0),
+                   layout="speculators")
+    with pytest.raises(ModelLoadError, match="num_hidden_layers must be a positive integer, got 0"):
         load_head(path)
 
 

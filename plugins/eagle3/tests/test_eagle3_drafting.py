@@ -28,6 +28,11 @@ def fitted_dir(target, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def deep_fitted_dir(target, tmp_path_factory) -> Path:
+    return save_head(fitted_head(target.model, (0, 1), num_layers=2), tmp_path_factory.mktemp("deep"), "speculators")
+
+
+@pytest.fixture(scope="module")
 def random_dir(target, tmp_path_factory) -> Path:
     """An untrained 3-layer head with no recorded layers (SafeAILab layout) for the 2-layer target."""
     torch.manual_seed(0)
@@ -66,9 +71,12 @@ def _drafts_from_scratch(manager: Eagle3Resources, model: torch.nn.Module, token
     return drafts
 
 
-def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, monkeypatch) -> None:
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, deep_fitted_dir, monkeypatch, num_layers) -> None:
     """After any number of accepted drafts, every proposal equals a cache-free recomputation with the
-    true target features: the catch-up, the chained steps and the rollback keep the head in step."""
+    true target features: the catch-up, the chained steps and the rollback keep the head in step,
+    with one decoder layer or two."""
+    fitted_dir = fitted_dir if num_layers == 1 else deep_fitted_dir
     records = _recording(monkeypatch)
     llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
                              "adaptive_draft_len": False}, tokenizer=target.tokenizer)

@@ -2,26 +2,38 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 from eagle3_tiny import head_config
-from transformers.models.llama.modeling_llama import rotate_half
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding, rotate_half
 
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import Eagle3Head, HeadCache
 
 
-@pytest.fixture(scope="module")
-def head() -> Eagle3Head:
+def _random_head(num_layers: int) -> Eagle3Head:
     target = make_tiny_target(seed=1)
     torch.manual_seed(3)
-    head = Eagle3Head(head_config(target.model, None, draft_vocab_size=20)).eval()
+    head = Eagle3Head(head_config(target.model, None, draft_vocab_size=20, num_layers=num_layers)).eval()
     with torch.no_grad():  # non-trivial norms, so swapping a norm or the concat order would show
-        for norm in (head.midlayer.input_layernorm, head.midlayer.hidden_norm, head.midlayer.post_attention_layernorm, head.norm):
-            norm.weight.uniform_(0.5, 1.5)
+        for name, param in head.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
     return head
+
+
+@pytest.fixture(scope="module")
+def head() -> Eagle3Head:
+    return _random_head(1)
+
+
+@pytest.fixture(scope="module")
+def deep_head() -> Eagle3Head:
+    """Three decoder layers, as vLLM's multi-layer EAGLE-3 heads."""
+    return _random_head(3)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,8 +88,34 @@ def test_forward_matches_the_published_formulation(head: Eagle3Head) -> None:
 
 
 @torch.no_grad()
-def test_cached_steps_and_rollback_equal_one_full_pass(head: Eagle3Head) -> None:
-    """A prefix pass, then single cached steps, equal one causal pass; cropping and redoing changes nothing."""
+def test_later_layers_are_llama_decoder_layers(deep_head: Eagle3Head) -> None:
+    """Layers after the first compute what transformers' own LlamaDecoderLayer computes with their
+    weights, in order, over the first layer's output (vLLM's multi-layer EAGLE-3 formulation)."""
+    embeds, features = _inputs(deep_head, 7)
+    fused = deep_head.fuse(features)
+    expected = reference_forward(deep_head, embeds[0], fused[0])[None]
+    config = copy.deepcopy(deep_head.config.llama)
+    config._attn_implementation = "eager"
+    position_ids = torch.arange(7)[None]
+    position_embeddings = LlamaRotaryEmbedding(config)(expected, position_ids)
+    causal = torch.full((7, 7), float("-inf")).triu(1)[None, None]
+    for later in deep_head.later_layers:
+        reference = LlamaDecoderLayer(config, layer_idx=0).eval()
+        reference.load_state_dict(later.state_dict())
+        expected = reference(expected, attention_mask=causal, position_ids=position_ids,
+                             position_embeddings=position_embeddings)
+        expected = expected[0] if isinstance(expected, tuple) else expected
+    got = deep_head(embeds, fused, position_ids)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert not torch.allclose(got[0], reference_forward(deep_head, embeds[0], fused[0]), atol=1e-3)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("layers", [1, 3])
+def test_cached_steps_and_rollback_equal_one_full_pass(head: Eagle3Head, deep_head: Eagle3Head, layers: int) -> None:
+    """A prefix pass, then single cached steps, equal one causal pass; cropping and redoing changes
+    nothing. Every layer keeps its own cache, cropped together."""
+    head = head if layers == 1 else deep_head
     embeds, features = _inputs(head, 9)
     fused = head.fuse(features)
     full = head(embeds, fused, torch.arange(9)[None])

@@ -11,12 +11,15 @@ from torch.utils.data import Subset
 from eagle3_training_data import synthesized, tiny_target
 
 from specdec import LLM, SamplingParams
+from specdec.errors import ConfigError
 from specdec.training.synthesize import read_conversations
 from specdec_eagle3 import load_head
 from specdec.training.conversations import tokenize_all
 from specdec_eagle3.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
-from specdec_eagle3.training.loop import FitOptions, evaluate, export, fit, new_head, with_draft_vocabulary
+from specdec_eagle3.training.loop import (FitOptions, evaluate, export, fit, new_head, with_draft_vocabulary,
+                                          with_more_layers)
+from specdec_eagle3.training.ttt import ttt_forward
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget, collate
 from specdec.training.token_frequency import token_counts
 from specdec_eagle3.training.vocab import calibrate
@@ -162,6 +165,38 @@ def test_a_continued_head_moves_to_a_new_draft_vocabulary(workdir: Path) -> None
         if name not in ("lm_head.weight", "d2t", "t2d"):
             assert torch.equal(moved.state_dict()[name], tensor), name
     assert moved.training
+
+
+def test_a_grown_head_computes_what_it_did_then_trains_its_new_layer(target, workdir: Path) -> None:
+    """``with_more_layers`` appends a decoder layer that starts as an identity: the grown head's
+    training-time test gives the trained head's states exactly. Training then moves the new layer
+    and keeps its agreement, and the two-layer head (speculators layout) drafts losslessly."""
+    dataset = DumpDataset(workdir / "dump")
+    head = _fresh_head(dataset)
+    source = OfflineTarget(dataset.target_tensors(), torch.device("cpu"))
+    fit(head, source, dataset, FitOptions(steps=60, batch_size=8, lr=3e-3, ttt_steps=3), World())
+    grown = with_more_layers(head, 2, seed=1)
+    assert grown.config.num_layers == 2 and grown.training
+    signals = source.signals(collate([dataset[n] for n in range(4)]))
+    with torch.no_grad():
+        before, after = (ttt_forward(h.eval(), source.embed, signals.input_ids, signals.loss_mask, signals.features,
+                                     signals.draft_logits, signals.target_argmax, 3) for h in (head, grown))
+    for k in range(3):
+        assert torch.equal(before.hiddens[k], after.hiddens[k]), k
+    options = FitOptions(steps=30, batch_size=8, lr=1e-3, ttt_steps=3)
+    agreement = evaluate(head, source, dataset, options, World())
+    fit(grown, source, dataset, options, World())
+    assert grown.later_layers[0].self_attn.o_proj.weight.abs().sum() > 0
+    assert grown.later_layers[0].mlp.down_proj.weight.abs().sum() > 0
+    assert evaluate(grown, source, dataset, options, World())[0] >= agreement[0] - 0.05
+    export(grown, str(workdir / "grown"), "speculators", torch.float32, "tiny", (), 4)
+    assert load_head(workdir / "grown").config.num_layers == 2
+    accepted, tokens = _acceptance(target, workdir / "grown")
+    assert accepted > 2.0, accepted
+    with LLM(target.model, None, tokenizer=target.tokenizer) as plain:
+        assert tokens == [o.token_ids for o in plain.generate(PROMPTS, SamplingParams(max_tokens=40), chat=True)]
+    with pytest.raises(ConfigError, match="cannot lose layers"):
+        with_more_layers(grown, 1)
 
 
 @pytest.mark.parametrize("layout", ["safeailab", "speculators"])

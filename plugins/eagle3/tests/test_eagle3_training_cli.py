@@ -73,6 +73,16 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert result.returncode == 0, result.stderr
     assert "recalibrated the draft vocabulary on this data: 20 of its 28 tokens keep the head's output rows" in result.stderr
     assert load_head(d / "recalibrated").config.draft_vocab_size == 28
+    result = specdec("train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "deeper"),
+                     "--init-head", str(d / "head"), "--num-layers", "2", "--layout", "speculators", "--ttt-steps", "2",
+                     "--steps", "1", "--batch-size", "4")
+    assert result.returncode == 0, result.stderr
+    assert load_head(d / "deeper").config.num_layers == 2
+    assert json.loads((d / "deeper" / "training.json").read_text())["num_layers"] == 2
+    one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",
+                    str(d / "deeper")], "has 2 decoder layers; the SafeAILab layout holds one, so give --layout speculators", capsys)
+    one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",
+                    str(d / "deeper"), "--num-layers", "1", "--layout", "speculators"], "a head cannot lose layers", capsys)
     head.config.layers_to_capture = (0, 1, 3)
     export(head, str(d / "other-layers"), "safeailab", torch.float32, "tiny", (), 3)
     one_line_error(["train", "eagle3", "fit", "--offline-data", str(d / "dump"), "--output", str(d / "x"), "--init-head",
@@ -108,6 +118,8 @@ def test_online_fit(files: dict[str, Path]) -> None:
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--steps", "0"], "--steps: must be positive"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--loss-decay", "1.5"], "--loss-decay: must be in (0, 1]"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--heldout", "-1"], "--heldout and --eval-every must be >= 0"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--num-layers", "2"],
+     "--num-layers: the SafeAILab layout holds one decoder layer; for 2 give --layout speculators"),
     (["validate", "--dataset", "spec_bench"], "validate needs --config or --method"),
     (["validate", "--method", "ngram", "--dataset", "nope.jsonl"], "--dataset: cannot read 'nope.jsonl'"),
 ])

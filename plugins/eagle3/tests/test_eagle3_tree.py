@@ -33,6 +33,12 @@ def head_dir(target, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def deep_head_dir(target, tmp_path_factory) -> Path:
+    """A fitted head with two decoder layers (speculators layout, as vLLM reads multi-layer heads)."""
+    return save_head(fitted_head(target.model, (0, 1), num_layers=2), tmp_path_factory.mktemp("deep"), "speculators")
+
+
+@pytest.fixture(scope="module")
 def expected(target) -> dict[str, list[int]]:
     plain = LLM(target.model, None, tokenizer=target.tokenizer)
     params = SamplingParams(max_tokens=32, ignore_eos=True)
@@ -133,13 +139,15 @@ def test_frontier_mask_sees_committed_ancestors_and_itself() -> None:
     assert mask.tolist() == [[True] * 3 + [True, False] + [True, False], [True] * 3 + [False, True] + [False, True]]
 
 
-@pytest.mark.parametrize("max_batch_size", [1, 3])
+@pytest.mark.parametrize(("max_batch_size", "num_layers"), [(1, 1), (3, 1), (3, 2)])
 def test_greedy_trees_equal_plain_greedy_and_the_cache_stays_in_step(
-    target, head_dir, expected, monkeypatch, max_batch_size
+    target, head_dir, deep_head_dir, expected, monkeypatch, max_batch_size, num_layers
 ) -> None:
     """Alone and in a batch, tree output equals plain greedy, every proposal is a real tree of
     ``num_draft_tokens`` nodes (or the step's budget), and every proposal equals the tree recomputed
-    from scratch with the true target features: the head cache keeps exactly the accepted paths."""
+    from scratch with the true target features: the head cache keeps exactly the accepted paths,
+    in every decoder layer of a multi-layer head too."""
+    head_dir = head_dir if num_layers == 1 else deep_head_dir
     proposals, _ = _recording(monkeypatch)
     with LLM(target.model, _config(head_dir), tokenizer=target.tokenizer, max_batch_size=max_batch_size) as llm:
         outputs = llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS],

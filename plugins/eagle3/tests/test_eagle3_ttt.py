@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from eagle3_training_data import tiny_target
 
@@ -10,13 +11,13 @@ from specdec_eagle3.training.loop import new_head
 from specdec_eagle3.training.ttt import shift, ttt_forward, unrolled_mask, unrolled_rows
 
 
-def _head(target, layers=(0, 1, 2), draft_vocab: int = 20):
+def _head(target, layers=(0, 1, 2), draft_vocab: int = 20, num_layers: int = 1):
     vocab = target.model.config.vocab_size
     chosen = torch.arange(vocab - draft_vocab, vocab)  # a draft vocabulary that is not the identity
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[chosen] = True
     config = target.model.config.to_dict()
-    head = new_head(config, layers, chosen - torch.arange(draft_vocab), t2d, seed=3)
+    head = new_head(config, layers, chosen - torch.arange(draft_vocab), t2d, seed=3, num_layers=num_layers)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -37,11 +38,13 @@ def test_shift_moves_left_and_fills_with_zero() -> None:
 
 
 @torch.no_grad()
-def test_unrolled_steps_equal_chained_drafting() -> None:
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_unrolled_steps_equal_chained_drafting(num_layers: int) -> None:
     """Step k at position t equals what the inference head computes when it drafts k tokens from
-    anchor t (true pairs 0..t in its cache, then its own outputs), given the true tokens."""
+    anchor t (true pairs 0..t in its cache, then its own outputs), given the true tokens; with two
+    decoder layers as with one."""
     target = tiny_target()
-    head = _head(target).eval()
+    head = _head(target, num_layers=num_layers).eval()
     ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11]])
     out = target.model(ids, output_hidden_states=True)
     features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)

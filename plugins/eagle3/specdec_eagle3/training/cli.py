@@ -23,7 +23,8 @@ from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
 from specdec_eagle3.training.distributed import join, leave
 from specdec_eagle3.training.dump import DumpDataset, write_dump
-from specdec_eagle3.training.loop import FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary
+from specdec_eagle3.training.loop import (FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary,
+                                          with_more_layers)
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget
 from specdec_eagle3.training.vocab import calibrate
 
@@ -141,6 +142,9 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--init-head", type=click.Path(file_okay=False), default=None,
               help="Continue training this head (either layout) instead of a new one. It keeps its draft vocabulary "
                    "unless --draft-vocab-size is given, which recalibrates the vocabulary on this data.")
+@click.option("--num-layers", type=click.IntRange(1, 8), default=None,
+              help="Decoder layers of the head (default 1, as EAGLE-3's authors train; more need --layout speculators). "
+                   "With --init-head, layers past the head's own are appended as identities and trained from there.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="safeailab", show_default=True, help="Exported checkpoint layout.")
 @click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
 @click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
@@ -150,8 +154,8 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
               help="Measure held-out agreement every this many steps (0: at the end only).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
-                steps, epochs, batch_size, lr, warmup, init_from_target, init_head, layout, export_dtype, save_every, heldout,
-                eval_every, seed) -> None:
+                steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout, export_dtype, save_every,
+                heldout, eval_every, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
@@ -162,6 +166,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
     if warmup < 0 or save_every < 0 or heldout < 0 or eval_every < 0:
         raise ConfigError("--warmup, --save-every, --heldout and --eval-every must be >= 0")
+    if layout == "safeailab" and (num_layers or 1) > 1:
+        raise ConfigError(f"--num-layers: the SafeAILab layout holds one decoder layer; for {num_layers} give --layout speculators")
     _quiet_transformers()
     world = join(resolve_device(device))
     console = Console(stderr=True, quiet=not world.is_main)
@@ -193,6 +199,11 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
             assistant, every = token_counts((s for i, s in enumerate(dataset.sequences()) if i not in held), vocab)
             if init_head is not None:
                 head = _continued_head(init_head, target_config, fused)
+                if num_layers is not None and num_layers != head.config.num_layers:
+                    head = with_more_layers(head, num_layers, seed)
+                if layout == "safeailab" and head.config.num_layers > 1:
+                    raise ConfigError(f"--layout: {init_head} has {head.config.num_layers} decoder layers; "
+                                      "the SafeAILab layout holds one, so give --layout speculators")
                 if draft_vocab_size is not None:
                     d2t, t2d = calibrate(assistant, every, draft_vocab_size)
                     shared = int((head.t2d & t2d).sum())
@@ -203,7 +214,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 d2t, t2d = head.d2t, head.t2d
             else:
                 d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))
-                head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed).to(world.device)
+                head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed,
+                                num_layers or 1).to(world.device)
         heldout_set = torch.utils.data.Subset(dataset, sorted(held)) if held else None
         dataset = torch.utils.data.Subset(dataset, trained) if held else dataset
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
@@ -219,7 +231,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         def save(step: int) -> None:
             export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8))
             record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "init_head": init_head, "step": step, "options": vars(options),
-                      "layers": list(fused), "draft_vocab_size": int(d2t.numel()),
+                      "layers": list(fused), "num_layers": head.config.num_layers, "draft_vocab_size": int(d2t.numel()),
                       "train_accuracy_per_step": last.accuracies, "train_loss": last.loss,
                       "heldout_conversations": heldout, **measured}
             (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import torch
 from transformers import LlamaConfig
 
+from specdec.errors import ConfigError
 from specdec_eagle3.checkpoint import save_head
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 from specdec_eagle3.training.distributed import World, average_gradients, broadcast_parameters, sum_across
@@ -26,8 +27,9 @@ _LAYER_FIELDS = (
 
 
 def new_head(target_config: dict[str, Any], layers: tuple[int, ...], d2t: torch.Tensor, t2d: torch.Tensor,
-             target_weights: dict[str, torch.Tensor] | None = None, seed: int = 0) -> Eagle3Head:
-    """A fresh head shaped like one decoder layer of the target, over the calibrated draft vocabulary.
+             target_weights: dict[str, torch.Tensor] | None = None, seed: int = 0, num_layers: int = 1) -> Eagle3Head:
+    """A fresh head of ``num_layers`` decoder layers shaped like the target's, over the calibrated
+    draft vocabulary.
 
     With ``target_weights`` (``norm.weight``, ``lm_head.weight``) the head's final norm and output
     layer start as the target's own, restricted to the draft vocabulary: the head then begins by
@@ -41,6 +43,7 @@ def new_head(target_config: dict[str, Any], layers: tuple[int, ...], d2t: torch.
         target_hidden_size=int(target_config["hidden_size"]),
         num_fused_layers=len(layers),
         layers_to_capture=tuple(layers),
+        num_layers=num_layers,
     )
     torch.manual_seed(seed)
     head = Eagle3Head(config)
@@ -80,6 +83,27 @@ def with_draft_vocabulary(head: Eagle3Head, d2t: torch.Tensor, t2d: torch.Tensor
     # load_state_dict copies into the new head's float32 CPU tensors, whatever the source's dtype.
     moved.load_state_dict({**head.state_dict(), "lm_head.weight": weight, "d2t": d2t, "t2d": t2d})
     return moved.train()
+
+
+def with_more_layers(head: Eagle3Head, num_layers: int, seed: int = 0) -> Eagle3Head:
+    """``head`` with decoder layers appended until it has ``num_layers``, computing what it computed.
+
+    Each new layer's output projections (attention ``o_proj``, MLP ``down_proj``) start at zero,
+    so it adds nothing to its residual stream until training moves them: the grown head starts
+    at the trained head's agreement instead of below it. The result is float32, in training mode.
+    """
+    if num_layers < head.config.num_layers:
+        raise ConfigError(f"--num-layers: the head to continue has {head.config.num_layers} layers; "
+                          f"a head cannot lose layers, got {num_layers}")
+    torch.manual_seed(seed)
+    grown = Eagle3Head(replace(head.config, num_layers=num_layers), with_embedding=head.embed_tokens is not None)
+    state = grown.state_dict()
+    state.update(head.state_dict())
+    for index in range(head.config.num_layers - 1, num_layers - 1):
+        for name in (f"later_layers.{index}.self_attn.o_proj.weight", f"later_layers.{index}.mlp.down_proj.weight"):
+            state[name] = torch.zeros_like(state[name])
+    grown.load_state_dict(state)
+    return grown.float().train()
 
 
 @dataclass

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_eagle3.head import Eagle3Head
+from specdec_eagle3.head import Eagle3Head, HeadCache
 
 
-class ConcatCache:
-    """The head's keys/values across unrolled steps, concatenated out of place so autograd keeps
-    every step's keys (the inference ``HeadCache`` writes in place)."""
+class ConcatLayerCache:
+    """One decoder layer's keys/values across unrolled steps, concatenated out of place so autograd
+    keeps every step's keys (the inference ``LayerCache`` writes in place)."""
 
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
@@ -134,7 +134,7 @@ def ttt_forward(
     rows = torch.arange(length, device=device)[None].expand(batch, length)
     live = torch.ones_like(teach)
     sequence = torch.arange(batch, device=device)[:, None]
-    cache = ConcatCache()
+    cache = HeadCache(ConcatLayerCache)
     hidden = head.fuse(features)
     result = TTTResult()
     for k in range(steps):
