@@ -1,8 +1,9 @@
 """Speculate only when it pays: each step's draft length from recent acceptance and forward cost.
 
 A verify forward of ``w`` tokens per request costs ``cost[w]`` one-token forwards of the same
-batch; on a CPU in float32, 2-3 tokens can cost twice one token while 4-5 cost barely more, in
-bfloat16 the cost is flat, and in a large batch every extra token per request costs more.
+batch; on a CPU in float32, 2-3 tokens can cost 1.6-2 one-token forwards while 4-5 cost 1.4-1.7,
+in bfloat16 the cost is nearly flat at batch 1, and in a large batch every extra token per request
+costs more.
 
 Each request keeps a rolling window of its last ``window`` steps (:class:`AcceptanceEstimate`).
 From it, ``alpha[i]`` estimates how often the draft at position ``i`` is accepted once position
