@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
