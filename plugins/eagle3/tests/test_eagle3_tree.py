@@ -156,10 +156,14 @@ def test_greedy_trees_equal_plain_greedy_and_the_cache_stays_in_step(
         assert [o.token_ids for o in outputs] == [expected[t] for t in PROMPTS]
         assert llm.get_metrics().num_accepted_tokens > len(PROMPTS)
         for tokens, _, budget, proposal in proposals:
+            if budget == 0:
+                # A request one token from its end, in a batch that drafts for the others.
+                assert len(proposal) == 0
+                continue
             assert len(proposal) == min(NODES, budget) and proposal.parents is not None
             reference = _tree_from_scratch(manager, target.model, tokens, min(DEPTH, budget), min(NODES, budget))
             assert _paths(proposal.token_ids, proposal.parents) == reference
-        assert sum(p.parents.count(-1) > 1 and len(p) == NODES for *_, p in proposals) > len(PROMPTS), "no real trees"
+        assert sum(len(p) == NODES and p.parents.count(-1) > 1 for *_, p in proposals) > len(PROMPTS), "no real trees"
 
 
 def test_trees_accept_other_branches_and_more_tokens_than_the_chain(target, head_dir, expected, monkeypatch) -> None:
