@@ -102,6 +102,34 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert "mean accept len" in result.stdout and "overall" in result.stdout
 
 
+def test_fit_measures_agreement_on_heldout_data(files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--heldout-data` measures agreement on a dump of its own and keeps those conversations out of
+    training wherever they appear; a dump of other layers is refused in one line."""
+    target, data = str(files["target"]), str(files["data"])
+    dumps = {"all": ("0,1,2", []), "held": ("0,1,2", ["--limit", "4"]), "other": ("0,2", ["--limit", "4"])}
+    for name, (layers, limit) in dumps.items():
+        assert main(["train", "eagle3", "dump", "--model", target, "--dtype", "float32", "--data", data,
+                     "--output", str(tmp_path / name), "--layers", layers, *limit]) == 0
+    capsys.readouterr()
+    assert main(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "all"), "--heldout-data", str(tmp_path / "held"),
+                 "--output", str(tmp_path / "head"), "--draft-vocab-size", "20", "--ttt-steps", "2", "--steps", "2",
+                 "--batch-size", "4"]) == 0
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps lines at the terminal's width
+    assert "offline training: 12 conversations (4 held-out conversations from --heldout-data, 4 of them in the training data)" in err
+    record = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert record["heldout_conversations"] == 4 and record["heldout_data"] == [str(tmp_path / "held")]
+    assert record["heldout_step"] == 2 and len(record["heldout_accuracy_per_step"]) == 2
+    one_line_error(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "all"), "--heldout-data", str(tmp_path / "other"),
+                    "--output", str(tmp_path / "x")], "--heldout-data: its layers [0, 2] differs from --offline-data's [0, 1, 2]", capsys)
+    one_line_error(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "held"), "--heldout-data", str(tmp_path / "held"),
+                    "--output", str(tmp_path / "x")], "--heldout-data: every training conversation is held out", capsys)
+    unanswered = tmp_path / "unanswered.jsonl"
+    unanswered.write_text('{"conversation_id": 1, "conversations": [{"role": "user", "content": "hi"}]}\n')
+    one_line_error(["train", "eagle3", "fit", "--data", data, "--model", target, "--layers", "0,1", "--heldout-data", str(unanswered),
+                    "--output", str(tmp_path / "x")], "--heldout-data: no conversation has an assistant reply to measure agreement on",
+                   capsys)
+
+
 def test_online_fit(files: dict[str, Path]) -> None:
     d = files["dir"]
     result = specdec("train", "eagle3", "fit", "--data", str(files["data"]), "--model", str(files["target"]), "--dtype", "float32",
@@ -118,6 +146,8 @@ def test_online_fit(files: dict[str, Path]) -> None:
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--steps", "0"], "--steps: must be positive"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--loss-decay", "1.5"], "--loss-decay: must be in (0, 1]"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--heldout", "-1"], "--heldout and --eval-every must be >= 0"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--heldout", "2", "--heldout-data", "."],
+     "--heldout and --heldout-data are alternatives; give one"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--num-layers", "2"],
      "--num-layers: the SafeAILab layout holds one decoder layer; for 2 give --layout speculators"),
     (["validate", "--dataset", "spec_bench"], "validate needs --config or --method"),

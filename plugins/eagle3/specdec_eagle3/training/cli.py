@@ -22,7 +22,7 @@ from specdec.training.token_frequency import coverage, token_counts
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
 from specdec_eagle3.training.distributed import join, leave
-from specdec_eagle3.training.dump import DumpDataset, write_dump
+from specdec_eagle3.training.dump import DumpDataset, check_same_target, write_dump
 from specdec_eagle3.training.loop import (FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary,
                                           with_more_layers)
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget
@@ -48,11 +48,12 @@ def _layers(option: str | None, num_layers: int) -> tuple[int, ...]:
     return layers
 
 
-def _examples(data: tuple[str, ...], tokenizer: Any, max_length: int, limit: int | None) -> list[Any]:
+def _examples(data: tuple[str, ...], tokenizer: Any, max_length: int, limit: int | None, option: str = "--data",
+              purpose: str = "train on") -> list[Any]:
     records = [r for path in data for r in read_conversations(path)][: limit or None]
     examples = tokenize_all(records, tokenizer, max_length)
     if not examples:
-        raise ConfigError("--data: no conversation has an assistant reply to train on")
+        raise ConfigError(f"{option}: no conversation has an assistant reply to {purpose}")
     return examples
 
 
@@ -150,12 +151,15 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
 @click.option("--heldout", type=int, default=0, show_default=True,
               help="Conversations held out of training (a seeded random choice) to measure the head's agreement on.")
+@click.option("--heldout-data", multiple=True, type=click.Path(),
+              help="Measure agreement on these instead of --heldout: dumps with --offline-data, conversations jsonl with "
+                   "--data. Training conversations with the same conversation_id are not trained on. Repeatable.")
 @click.option("--eval-every", type=int, default=0, show_default=True,
               help="Measure held-out agreement every this many steps (0: at the end only).")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
                 steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout, export_dtype, save_every,
-                heldout, eval_every, seed) -> None:
+                heldout, heldout_data, eval_every, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
@@ -166,6 +170,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
     if warmup < 0 or save_every < 0 or heldout < 0 or eval_every < 0:
         raise ConfigError("--warmup, --save-every, --heldout and --eval-every must be >= 0")
+    if heldout and heldout_data:
+        raise ConfigError("--heldout and --heldout-data are alternatives; give one")
     if layout == "safeailab" and (num_layers or 1) > 1:
         raise ConfigError(f"--num-layers: the SafeAILab layout holds one decoder layer; for {num_layers} give --layout speculators")
     _quiet_transformers()
@@ -181,19 +187,31 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 target_config, fused, verifier = info["target_config"], tuple(info["layers"]), info["target"]
                 weights = dataset.target_tensors()
                 source: Any = OfflineTarget(weights, world.device)
+                held_out: Any = None
+                if heldout_data:
+                    held_out = DumpDataset(list(heldout_data))
+                    check_same_target(held_out.index, info, "--heldout-data", "--offline-data")
             else:
                 target, tokenizer = load_model(model, dtype, world.device)
                 target_config = json.loads(target.config.to_json_string())
                 fused = _layers(layers, int(target.config.num_hidden_layers))
                 dataset = ExampleDataset(_examples(data, tokenizer, max_length, None))
+                held_out = ExampleDataset(_examples(heldout_data, tokenizer, max_length, None, "--heldout-data", "measure agreement on")) if heldout_data else None
                 verifier = model or "HuggingFaceTB/SmolLM2-135M-Instruct"
                 weights = {"norm.weight": target.model.norm.weight, "lm_head.weight": target.get_output_embeddings().weight}
                 source = OnlineTarget(target, fused)
             vocab = int(target_config["vocab_size"])
             if not 0 <= heldout < len(dataset):
                 raise ConfigError(f"--heldout: must leave conversations to train on; the data has {len(dataset)}")
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-            held = set(order[:heldout])
+            if held_out is None:
+                order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+                held = set(order[:heldout])
+            else:
+                # By id, not position: the same conversation in another file must not be trained on either.
+                held_ids = set(held_out.ids)
+                held = {i for i, conversation in enumerate(dataset.ids) if conversation in held_ids}
+                if len(held) == len(dataset):
+                    raise ConfigError("--heldout-data: every training conversation is held out; none is left to train on")
             trained = [i for i in range(len(dataset)) if i not in held]
             # The draft vocabulary comes from the training conversations only.
             assistant, every = token_counts((s for i, s in enumerate(dataset.sequences()) if i not in held), vocab)
@@ -216,13 +234,17 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 d2t, t2d = calibrate(assistant, every, draft_vocab_size or min(32000, vocab))
                 head = new_head(target_config, fused, d2t, t2d, weights if init_from_target else None, seed,
                                 num_layers or 1).to(world.device)
-        heldout_set = torch.utils.data.Subset(dataset, sorted(held)) if held else None
+        heldout_set = held_out
+        if heldout_set is None and held:
+            heldout_set = torch.utils.data.Subset(dataset, sorted(held))
         dataset = torch.utils.data.Subset(dataset, trained) if held else dataset
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
                              ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every)
+        held_note = (f" ({len(held)} held out)" if held_out is None else
+                     f" ({len(held_out)} held-out conversations from --heldout-data, {len(held)} of them in the training data)")
         console.print(f"{'offline' if offline_data else 'online'} training: {len(dataset)} conversations"
-                      f"{f' ({heldout} held out)' if heldout else ''}, layers {list(fused)}, "
+                      f"{held_note if heldout_set is not None else ''}, layers {list(fused)}, "
                       f"draft vocabulary {int(d2t.numel())} tokens covering {coverage(assistant, t2d):.1%} of reply tokens, "
                       f"{options.ttt_steps} TTT steps (decay {loss_decay}), {options.steps} steps x {batch_size} x {world.size} "
                       f"process(es)")
@@ -233,7 +255,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
             record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "init_head": init_head, "step": step, "options": vars(options),
                       "layers": list(fused), "num_layers": head.config.num_layers, "draft_vocab_size": int(d2t.numel()),
                       "train_accuracy_per_step": last.accuracies, "train_loss": last.loss,
-                      "heldout_conversations": heldout, **measured}
+                      "heldout_conversations": len(heldout_set) if heldout_set is not None else 0,
+                      "heldout_data": list(heldout_data), **measured}
             (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
         last = StepReport(0, float("nan"), [])

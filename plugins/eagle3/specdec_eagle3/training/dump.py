@@ -154,12 +154,11 @@ class DumpDataset(torch.utils.data.Dataset):
         indexes = [read_index(d) for d in self.directories]
         self.index = indexes[0]
         for directory, other in zip(self.directories[1:], indexes[1:]):
-            for field in ("layers", "hidden_size", "vocab_size", "target"):
-                if other[field] != self.index[field]:
-                    raise ConfigError(f"--offline-data {str(directory)!r}: its {field} {other[field]!r} differs from "
-                                      f"{str(self.directories[0])!r}'s {self.index[field]!r}; dumps must share a target and layers")
+            check_same_target(other, self.index, f"--offline-data {str(directory)!r}", repr(str(self.directories[0])))
         self._where = [(str(d / s["file"]), c["key"]) for d, index in zip(self.directories, indexes)
                        for s in index["shards"] for c in s["conversations"]]
+        #: Each conversation's ``conversation_id``, in dataset order.
+        self.ids = [str(c["id"]) for index in indexes for s in index["shards"] for c in s["conversations"]]
         self._open: dict[str, Any] = {}
 
     def __len__(self) -> int:
@@ -185,6 +184,14 @@ class DumpDataset(torch.utils.data.Dataset):
         for file, key in self._where:
             handle = self._handle(file)
             yield handle.get_tensor(f"{key}.input_ids"), handle.get_tensor(f"{key}.loss_mask")
+
+
+def check_same_target(index: dict[str, Any], reference: dict[str, Any], where: str, other: str) -> None:
+    """A one-line error unless the dump ``index`` has the ``reference`` dump's target and layers."""
+    for field in ("layers", "hidden_size", "vocab_size", "target"):
+        if index[field] != reference[field]:
+            raise ConfigError(f"{where}: its {field} {index[field]!r} differs from {other}'s {reference[field]!r}; "
+                              "dumps must share a target and layers")
 
 
 def read_index(directory: Path) -> dict[str, Any]:

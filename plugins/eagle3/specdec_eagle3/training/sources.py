@@ -89,6 +89,8 @@ class ExampleDataset(torch.utils.data.Dataset):
 
     def __init__(self, examples: list[Any]) -> None:
         self.examples = examples
+        #: Each conversation's ``conversation_id``, in dataset order (as ``DumpDataset.ids``).
+        self.ids = [e.conversation_id for e in examples]
 
     def __len__(self) -> int:
         return len(self.examples)
