@@ -196,7 +196,10 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 target_config = json.loads(target.config.to_json_string())
                 fused = _layers(layers, int(target.config.num_hidden_layers))
                 dataset = ExampleDataset(_examples(data, tokenizer, max_length, None))
-                held_out = ExampleDataset(_examples(heldout_data, tokenizer, max_length, None, "--heldout-data", "measure agreement on")) if heldout_data else None
+                held_out = None
+                if heldout_data:
+                    held_out = ExampleDataset(_examples(heldout_data, tokenizer, max_length, None, "--heldout-data",
+                                                        "measure agreement on"))
                 verifier = model or "HuggingFaceTB/SmolLM2-135M-Instruct"
                 weights = {"norm.weight": target.model.norm.weight, "lm_head.weight": target.get_output_embeddings().weight}
                 source = OnlineTarget(target, fused)
