@@ -179,6 +179,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
     console = Console(stderr=True, quiet=not world.is_main)
     try:
         with console.status("loading"):
+            held_out: Any = None
             if offline_data:
                 if model is not None or layers is not None:
                     raise ConfigError("--model and --layers belong to online mode; a dump records its target and layers")
@@ -187,7 +188,6 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 target_config, fused, verifier = info["target_config"], tuple(info["layers"]), info["target"]
                 weights = dataset.target_tensors()
                 source: Any = OfflineTarget(weights, world.device)
-                held_out: Any = None
                 if heldout_data:
                     held_out = DumpDataset(list(heldout_data))
                     check_same_target(held_out.index, info, "--heldout-data", "--offline-data")
@@ -196,7 +196,6 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 target_config = json.loads(target.config.to_json_string())
                 fused = _layers(layers, int(target.config.num_hidden_layers))
                 dataset = ExampleDataset(_examples(data, tokenizer, max_length, None))
-                held_out = None
                 if heldout_data:
                     held_out = ExampleDataset(_examples(heldout_data, tokenizer, max_length, None, "--heldout-data",
                                                         "measure agreement on"))
@@ -244,10 +243,13 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
                              ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every)
-        held_note = (f" ({len(held)} held out)" if held_out is None else
-                     f" ({len(held_out)} held-out conversations from --heldout-data, {len(held)} of them in the training data)")
+        held_note = ""
+        if held_out is not None:
+            held_note = f" ({len(held_out)} held-out conversations from --heldout-data, {len(held)} of them in the training data)"
+        elif held:
+            held_note = f" ({len(held)} held out)"
         console.print(f"{'offline' if offline_data else 'online'} training: {len(dataset)} conversations"
-                      f"{held_note if heldout_set is not None else ''}, layers {list(fused)}, "
+                      f"{held_note}, layers {list(fused)}, "
                       f"draft vocabulary {int(d2t.numel())} tokens covering {coverage(assistant, t2d):.1%} of reply tokens, "
                       f"{options.ttt_steps} TTT steps (decay {loss_decay}), {options.steps} steps x {batch_size} x {world.size} "
                       f"process(es)")
