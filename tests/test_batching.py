@@ -5,6 +5,7 @@ import pytest
 
 from specdec import LLM, SamplingParams, UserProvidedDecodingConfig
 from specdec.errors import ConfigError
+from specdec.kv_cache import BatchKVCache
 
 
 class RecordingDrafter:
@@ -61,6 +62,23 @@ def test_waiting_requests_join_as_running_ones_finish(tiny, prompts):
     assert max(sizes) == 2 and sizes[-1] == 1
     assert [o.token_ids for o in outputs] == [_alone(tiny, ids, p).token_ids for ids, p in zip(prompts, params)]
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+
+
+
+def test_a_joining_request_takes_a_finished_rows_place(tiny, prompts, monkeypatch):
+    """Five prompts through a batch of two: the first two join in one append, each later one
+    takes the row of a request that finished (the rest of the cache is not copied), and rows are
+    dropped only once nothing waits. Outputs are each prompt's own plain output."""
+    calls = []
+    for name in ("append_rows", "select_rows", "replace_row"):
+        method = getattr(BatchKVCache, name)
+        monkeypatch.setattr(BatchKVCache, name, lambda self, *a, _m=method, _n=name: calls.append(_n) or _m(self, *a))
+    params = [SamplingParams(max_tokens=6 + 4 * i, ignore_eos=True) for i in range(len(prompts))]
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=2) as llm:
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+    assert calls == ["append_rows", "replace_row", "replace_row", "replace_row", "select_rows", "select_rows"]
+    monkeypatch.undo()
+    assert [o.token_ids for o in outputs] == [_alone(tiny, ids, p).token_ids for ids, p in zip(prompts, params)]
 
 
 def test_max_concurrency_decodes_plainly_above_the_limit(tiny, prompts):

@@ -72,3 +72,32 @@ def test_rows_of_a_cache_that_never_ran_can_join(tiny):
     empty = runner.new_cache(rows=0)
     empty.append_rows(batch)
     assert empty.lengths == [4, 3]
+
+
+
+def test_a_joining_request_takes_a_finished_rows_place(tiny):
+    """A request prefilled alone replaces a finished row in place: first a shorter one (the old
+    row's stale entries past its length are never read), then one longer than the batch's
+    capacity (the buffers grow). Each row's logits stay those of its request run alone."""
+    runner = ModelRunner(tiny.model)
+
+    def alone(tokens: list[int], last: int) -> torch.Tensor:
+        return runner.forward(runner.new_cache(), tokens).logits[-last:]
+
+    neighbour = list(range(10, 17))
+    batch = runner.new_cache(rows=0)
+    for prompt in (list(range(3, 35)), neighbour):
+        single = runner.new_cache()
+        runner.forward(single, prompt)
+        batch.append_rows(single)
+    capacity = batch.layers[0]._key_buf.shape[-2]
+    for newcomer, step in (([9, 9, 8], [32]), ((list(range(3, 30)) * 11)[:300], [33])):
+        joining = runner.new_cache()
+        runner.forward(joining, newcomer)
+        batch.replace_row(0, joining)
+        assert batch.lengths == [len(newcomer), len(neighbour)]
+        first, second = runner.forward_rows(batch, [[30, 31], step])
+        torch.testing.assert_close(first.logits, alone(newcomer + [30, 31], 2), atol=1e-5, rtol=1e-5)
+        neighbour = neighbour + step
+        torch.testing.assert_close(second.logits, alone(neighbour, 1), atol=1e-5, rtol=1e-5)
+    assert batch.layers[0]._key_buf.shape[-2] > capacity

@@ -124,29 +124,54 @@ class Engine:
         cache = self.runner.new_cache(rows=0)
         try:
             while waiting or running:
-                while waiting and len(running) < self.max_batch_size:
-                    request = waiting.popleft()
-                    row = self._prefill(request)
-                    if request.finished:
-                        self._finish(request)
-                    else:
-                        cache.append_rows(row)
-                        running.append(request)
-                if not running:
-                    continue
-                self._step(running, cache, draining=not waiting)
-                keep = [i for i, r in enumerate(running) if not r.finished]
-                if len(keep) < len(running):
-                    for request in running:
-                        if request.finished:
-                            self._finish(request)
-                    running = [running[i] for i in keep]
-                    cache.select_rows(keep)
+                self._refill(waiting, running, cache)
+                if running:
+                    self._step(running, cache, draining=not waiting)
         finally:
             for request in running:
                 request.target_output = None
                 self.resource_manager.free_request(request)
         return requests
+
+    def _refill(self, waiting: deque[Request], running: list[Request], cache: BatchKVCache) -> None:
+        """Finished requests leave ``running`` and waiting ones join, up to ``max_batch_size``.
+
+        A newcomer takes a finished request's row in place (:meth:`BatchKVCache.replace_row`);
+        rows nobody takes are dropped, and newcomers beyond the free rows join at the end
+        together, so the batch's whole cache is copied at most twice per call rather than once
+        per request that leaves or joins. A request is in ``running`` until it is freed, so that
+        ``generate`` frees whatever an error interrupts.
+        """
+        free = [row for row, request in enumerate(running) if request.finished]
+        joining: list[tuple[Request, BatchKVCache]] = []
+        try:
+            while waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
+                request = waiting.popleft()
+                row_cache = self._prefill(request)
+                if request.finished:
+                    self._finish(request)
+                elif free:
+                    row = free.pop(0)
+                    cache.replace_row(row, row_cache)
+                    left, running[row] = running[row], request
+                    self._finish(left)
+                else:
+                    joining.append((request, row_cache))
+        except BaseException:
+            for request, _ in joining:
+                self._finish(request)
+            raise
+        if free:
+            left = [running[row] for row in free]
+            dropped = set(free)
+            keep = [row for row in range(len(running)) if row not in dropped]
+            running[:] = [running[row] for row in keep]
+            cache.select_rows(keep)
+            for request in left:
+                self._finish(request)
+        if joining:
+            cache.append_rows(*(row_cache for _, row_cache in joining))
+            running.extend(request for request, _ in joining)
 
     def _check_prompt(self, request: Request) -> None:
         if not request.token_ids:

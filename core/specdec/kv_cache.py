@@ -55,7 +55,7 @@ class GrowableLayer(DynamicLayer):
 
     def _grow(self, like: torch.Tensor, capacity: int) -> None:
         def bigger(old: torch.Tensor | None) -> torch.Tensor:
-            shape = (like.shape[0], like.shape[1], capacity, like.shape[-1])
+            shape = (self.cache.num_rows, like.shape[1], capacity, like.shape[-1])
             # Zeros, not empty: masked positions still enter the attention product, and
             # uninitialised memory may hold NaN, which a mask cannot cancel.
             buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
@@ -74,32 +74,45 @@ class GrowableLayer(DynamicLayer):
             self._key_buf = self._key_buf.index_select(0, rows)
             self._value_buf = self._value_buf.index_select(0, rows)
 
-    def append_rows(self, other: GrowableLayer, num_mine: int, num_theirs: int) -> None:
-        """Add ``other``'s rows after this layer's (capacity becomes the larger of the two).
+    def append_rows(self, others: list[GrowableLayer], num_mine: int, num_theirs: list[int]) -> None:
+        """Add ``others``' rows after this layer's, all in one copy (capacity becomes the largest).
 
-        Either side may not have run a forward yet (no buffers): its rows start empty.
+        Any side may not have run a forward yet (no buffers): its rows start empty.
         """
-        if other._key_buf is None and self._key_buf is None:
+        layers = [self, *others]
+        like = next((layer._key_buf for layer in layers if layer._key_buf is not None), None)
+        if like is None:
             return
-        like = self._key_buf if self._key_buf is not None else other._key_buf
+        counts = [num_mine, *num_theirs]
+        capacity = max(layer._key_buf.shape[-2] for layer in layers if layer._key_buf is not None)
 
-        def rows(buf: torch.Tensor | None, count: int) -> torch.Tensor:
-            return buf if buf is not None else like.new_zeros(count, like.shape[1], 0, like.shape[-1])
-
-        mine_k, theirs_k = rows(self._key_buf, num_mine), rows(other._key_buf, num_theirs)
-        mine_v, theirs_v = rows(self._value_buf, num_mine), rows(other._value_buf, num_theirs)
-        capacity = max(mine_k.shape[-2], theirs_k.shape[-2])
-
-        def joined(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
-            shape = (mine.shape[0] + theirs.shape[0], mine.shape[1], capacity, mine.shape[-1])
-            buf = torch.zeros(shape, dtype=mine.dtype, device=mine.device)
-            buf[: mine.shape[0], :, : mine.shape[-2]] = mine
-            buf[mine.shape[0] :, :, : theirs.shape[-2]] = theirs
+        def joined(pick: str) -> torch.Tensor:
+            shape = (sum(counts), like.shape[1], capacity, like.shape[-1])
+            buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            start = 0
+            for layer, count in zip(layers, counts, strict=True):
+                part = getattr(layer, pick)
+                if part is not None:
+                    buf[start : start + count, :, : part.shape[-2]] = part
+                start += count
             return buf
 
-        self._key_buf = joined(mine_k, theirs_k)
-        self._value_buf = joined(mine_v, theirs_v)
+        self._key_buf = joined("_key_buf")
+        self._value_buf = joined("_value_buf")
         self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
+
+    def replace_row(self, row: int, other: GrowableLayer, length: int) -> None:
+        """Write the first ``length`` entries of ``other``'s single row over row ``row``.
+
+        The row's old entries past ``length`` stay; they lie past its new length, where they are
+        stale like a rejected draft's.
+        """
+        if other._key_buf is None or length == 0:
+            return
+        if self._key_buf is None or length > self._key_buf.shape[-2]:
+            self._grow(other._key_buf, max(length, 2 * self.get_seq_length(), _MIN_CAPACITY))
+        self._key_buf[row, :, :length] = other._key_buf[0, :, :length]
+        self._value_buf[row, :, :length] = other._value_buf[0, :, :length]
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("roll back through BatchKVCache.crop / rollback_rows")
@@ -187,11 +200,30 @@ class BatchKVCache(DynamicCache):
                 layer.select_rows(index)
         self.lengths = [self.lengths[r] for r in rows]
 
-    def append_rows(self, other: BatchKVCache) -> None:
-        """Move ``other``'s rows (e.g. a request just prefilled alone) to the end of this batch."""
+    def append_rows(self, *others: BatchKVCache) -> None:
+        """Move ``others``' rows (e.g. requests just prefilled alone) to the end of this batch.
+
+        Each layer is copied once however many caches join.
+        """
+        for index, mine in enumerate(self.layers):
+            mine.append_rows([other.layers[index] for other in others], self.num_rows, [o.num_rows for o in others])
+        self.lengths = self.lengths + [length for other in others for length in other.lengths]
+
+    def replace_row(self, row: int, other: BatchKVCache) -> None:
+        """Put ``other``'s single row (a request just prefilled alone) in place of row ``row``,
+        whose request has left.
+
+        Only that row is written, where leaving and joining (:meth:`select_rows`,
+        :meth:`append_rows`) copy the whole cache: with continuous batching a request leaves
+        every few steps, and a copy of every layer's cache each time cost about 15% of a batch
+        of 48 requests' decoding time on CPU.
+        """
+        if other.num_rows != 1:
+            raise ValueError(f"replace_row takes a cache of one row, not {other.num_rows}")
+        length = other.lengths[0]
         for mine, theirs in zip(self.layers, other.layers, strict=True):
-            mine.append_rows(theirs, self.num_rows, other.num_rows)
-        self.lengths = self.lengths + other.lengths
+            mine.replace_row(row, theirs, length)
+        self.lengths = [length if r == row else n for r, n in enumerate(self.lengths)]
 
 
 def new_kv_cache(config: PretrainedConfig, rows: int = 1) -> BatchKVCache:

@@ -4,7 +4,8 @@ Each running request has a row in the draft's :class:`~specdec.kv_cache.BatchKVC
 holds a prefix of the request's tokens (``committed``) followed by the drafts fed back into it
 while drafting (``pending``). Each step first reconciles the rows with the engine's batch (rows of
 finished requests leave, rows follow the batch's order, and a request drafted for the first time
-gets its row: its tokens so far are prefilled alone, then the row joins), keeps the pending
+gets its row: its tokens so far are prefilled alone, then the row takes the place of a finished
+request's or joins at the end), keeps the pending
 drafts the request really emitted and drops the rest, then drafts for every request at once:
 
 - one batched forward feeds each row the token the target emitted since it last drafted (the
@@ -151,15 +152,24 @@ class DraftModel:
         wanted = [r.request_id for r in requests]
         if self.rows == wanted:
             return
+        # A newcomer in the place of a request that left (the engine refills a batch this way)
+        # takes that row in place; only what is left over costs a copy of the whole cache.
+        staying = set(wanted)
+        for row, (request, state) in enumerate(zip(requests, states)):
+            if row < len(self.rows) and self.rows[row] not in staying and request.request_id not in self.rows:
+                self.cache.replace_row(row, self._prefill(request, state))
+                self.rows[row] = request.request_id
+        if self.rows == wanted:
+            return
         present = {rid: i for i, rid in enumerate(self.rows)}
         keep = [present[rid] for rid in wanted if rid in present]
         if keep != list(range(len(self.rows))):
             self.cache.select_rows(keep)
             self.rows = [self.rows[i] for i in keep]
-        for request, state in zip(requests, states):
-            if request.request_id not in present:
-                self.cache.append_rows(self._prefill(request, state))
-                self.rows.append(request.request_id)
+        joining = [(request, state) for request, state in zip(requests, states) if request.request_id not in present]
+        if joining:
+            self.cache.append_rows(*(self._prefill(request, state) for request, state in joining))
+            self.rows.extend(request.request_id for request, _ in joining)
         if self.rows != wanted:
             position = {rid: i for i, rid in enumerate(self.rows)}
             self.cache.select_rows([position[rid] for rid in wanted])

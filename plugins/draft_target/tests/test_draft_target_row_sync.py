@@ -92,12 +92,36 @@ def test_rows_behind_catch_up_apart_and_draft_as_if_never_paused(tiny, small_dra
     requests[1].token_ids.append(tiny.encode("x")[0])
     got = [p.token_ids for p in drafter.propose(requests)]
     assert drafter.sync_seconds > prefilled
+    assert got == [greedy(reference, r.token_ids, 3) for r in requests]
 
-    def greedy(ids: list[int]) -> list[int]:
-        out = list(ids)
-        with torch.no_grad():
-            for _ in range(3):
-                out.append(int(reference(torch.tensor([out])).logits[0, -1].argmax()))
-        return out[len(ids):]
 
-    assert got == [greedy(r.token_ids) for r in requests]
+def test_a_newcomer_takes_the_row_of_a_request_that_left(tiny, small_draft_dir: Path) -> None:
+    """The engine puts a new request in the place of one that finished: the draft writes the
+    newcomer's prefill over that row, copies no other row (no ``select_rows``), and both rows
+    draft what the draft would from scratch."""
+    model, _ = load_model(str(small_draft_dir), torch.float32, "cpu")
+    reference, _ = load_model(str(small_draft_dir), torch.float32, "cpu")
+    drafter = DraftModel(model, len(tiny.tokenizer))
+    texts = ("hello world, hello", "the cat sat on", "a b c a b c a b")
+    requests = [Request(i, tiny.encode(t), len(tiny.encode(t)), SamplingParams(max_tokens=64), None)
+                for i, t in enumerate(texts)]
+    for request in requests:
+        request.method_state = drafter.add(request)
+        request.max_draft_len = 3
+    drafter.propose(requests[:2])
+    selected = []
+    select_rows = drafter.cache.select_rows
+    drafter.cache.select_rows = lambda rows: selected.append(rows) or select_rows(rows)
+    batch = [requests[2], requests[1]]
+    got = [p.token_ids for p in drafter.propose(batch)]
+    assert selected == [] and drafter.rows == [2, 1]
+    assert got == [greedy(reference, r.token_ids, 3) for r in batch]
+
+
+def greedy(model: torch.nn.Module, ids: list[int], count: int) -> list[int]:
+    """``count`` greedy tokens of ``model`` after ``ids``, each from a full forward (no cache)."""
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(count):
+            out.append(int(model(torch.tensor([out])).logits[0, -1].argmax()))
+    return out[len(ids):]
