@@ -64,7 +64,6 @@ def test_waiting_requests_join_as_running_ones_finish(tiny, prompts):
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
 
 
-
 def test_a_joining_request_takes_a_finished_rows_place(tiny, prompts, monkeypatch):
     """Five prompts through a batch of two: the first two join in one append, each later one
     takes the row of a request that finished (the rest of the cache is not copied), and rows are
