@@ -74,7 +74,6 @@ def test_rows_of_a_cache_that_never_ran_can_join(tiny):
     assert empty.lengths == [4, 3]
 
 
-
 def test_a_joining_request_takes_a_finished_rows_place(tiny):
     """A request prefilled alone replaces a finished row in place: first a shorter one (the old
     row's stale entries past its length are never read), then one longer than the batch's

@@ -129,8 +129,7 @@ class Engine:
                     self._step(running, cache, draining=not waiting)
         finally:
             for request in running:
-                request.target_output = None
-                self.resource_manager.free_request(request)
+                self._finish(request)
         return requests
 
     def _refill(self, waiting: deque[Request], running: list[Request], cache: BatchKVCache) -> None:
