@@ -93,6 +93,26 @@ def test_heldout_agreement_is_measured_on_schedule(target, workdir: Path) -> Non
     assert evaluate(head, source, held, options, World()) == reports[-1].heldout
 
 
+def test_bf16_mixed_precision_learns_with_float32_weights(target, workdir: Path) -> None:
+    """With ``bf16`` the head's matrix products run in bfloat16 (its output layer's logits are
+    bfloat16) while its weights stay float32, and it learns as in float32; evaluation computes the
+    same way."""
+    dataset = DumpDataset(workdir / "dump")
+    head = _fresh_head(dataset)
+    source = OfflineTarget(dataset.target_tensors(), torch.device("cpu"))
+    seen: set[torch.dtype] = set()
+    head.lm_head.register_forward_hook(lambda module, args, out: seen.add(out.dtype))
+    reports = []
+    options = FitOptions(steps=60, batch_size=8, lr=3e-3, ttt_steps=3, bf16=True)
+    fit(head, source, dataset, options, World(), reports.append)
+    assert seen == {torch.bfloat16}
+    assert {p.dtype for p in head.parameters()} == {torch.float32}
+    assert reports[-1].accuracies[0] > reports[0].accuracies[0] + 0.2
+    seen.clear()
+    evaluate(head, source, Subset(dataset, range(8)), options, World())
+    assert seen == {torch.bfloat16}
+
+
 def test_online_signals_equal_the_dumps(target, workdir: Path) -> None:
     """Online mode computes from a live target forward what offline mode reads from the dump."""
     dataset = DumpDataset(workdir / "dump")

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.errors import ConfigError
-from specdec.models import load_model, resolve_device
+from specdec.models import load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
 from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import read_conversations
@@ -156,10 +156,15 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
                    "--data. Training conversations with the same conversation_id are not trained on. Repeatable.")
 @click.option("--eval-every", type=int, default=0, show_default=True,
               help="Measure held-out agreement every this many steps (0: at the end only).")
+@click.option("--precision", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
+              help="The head's matrix products: bfloat16 (mixed precision; weights and losses stay float32) or float32. "
+                   "auto: bfloat16 where the device computes it natively (CUDA, CPUs with AMX or AVX512-BF16).")
+@click.option("--group-by-length/--no-group-by-length", default=True, show_default=True,
+              help="Batch conversations of similar length together (less padding to compute) rather than at random.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
                 steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout, export_dtype, save_every,
-                heldout, heldout_data, eval_every, seed) -> None:
+                heldout, heldout_data, eval_every, precision, group_by_length, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
@@ -241,8 +246,10 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
             heldout_set = torch.utils.data.Subset(dataset, sorted(held))
         dataset = torch.utils.data.Subset(dataset, trained) if held else dataset
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
+        bf16 = resolve_dtype(precision, world.device) == torch.bfloat16
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
-                             ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every)
+                             ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every,
+                             group_by_length=group_by_length, bf16=bf16)
         held_note = ""
         if held_out is not None:
             held_note = f" ({len(held_out)} held-out conversations from --heldout-data, {len(held)} of them in the training data)"
@@ -252,7 +259,7 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                       f"{held_note}, layers {list(fused)}, "
                       f"draft vocabulary {int(d2t.numel())} tokens covering {coverage(assistant, t2d):.1%} of reply tokens, "
                       f"{options.ttt_steps} TTT steps (decay {loss_decay}), {options.steps} steps x {batch_size} x {world.size} "
-                      f"process(es)")
+                      f"process(es), {'bfloat16 mixed' if bf16 else 'float32'} precision")
         architectures = tuple(target_config.get("architectures") or ())
 
         def save(step: int) -> None:

@@ -159,6 +159,8 @@ class DumpDataset(torch.utils.data.Dataset):
                        for s in index["shards"] for c in s["conversations"]]
         #: Each conversation's ``conversation_id``, in dataset order.
         self.ids = [str(c["id"]) for index in indexes for s in index["shards"] for c in s["conversations"]]
+        #: Each conversation's length in tokens, in dataset order.
+        self.lengths = [int(c["length"]) for index in indexes for s in index["shards"] for c in s["conversations"]]
         self._open: dict[str, Any] = {}
 
     def __len__(self) -> int:

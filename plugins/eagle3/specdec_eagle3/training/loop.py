@@ -14,6 +14,7 @@ from transformers import LlamaConfig
 from specdec.errors import ConfigError
 from specdec_eagle3.checkpoint import save_head
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
+from specdec_eagle3.training.batching import LengthGroupedBatches, conversation_lengths
 from specdec_eagle3.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec_eagle3.training.sources import collate
 from specdec_eagle3.training.ttt import TTTResult, agreement, ttt_forward
@@ -120,6 +121,12 @@ class FitOptions:
     #: Measure held-out accuracy every this many steps (and at the end) when ``fit`` is given
     #: held-out conversations; 0: at the end only.
     eval_every: int = 0
+    #: Batches of conversations of similar length (:class:`LengthGroupedBatches`) rather than
+    #: shuffled ones: less padding to compute.
+    group_by_length: bool = True
+    #: Mixed precision: the head's matrix products in bfloat16 under ``torch.autocast``; its
+    #: weights, optimizer state and losses stay float32.
+    bf16: bool = False
 
 
 @dataclass
@@ -166,9 +173,14 @@ def fit(
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(options))
-    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
-                                                  seed=options.seed, drop_last=world.distributed)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=options.batch_size, sampler=sampler, collate_fn=collate)
+    sampler: Any
+    if options.group_by_length:
+        sampler = LengthGroupedBatches(conversation_lengths(dataset), options.batch_size, world, options.seed)
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+    else:
+        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
+                                                      seed=options.seed, drop_last=world.distributed)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=options.batch_size, sampler=sampler, collate_fn=collate)
     epoch, batches, report = 0, iter(()), StepReport(0, float("nan"), [])
     for step in range(1, options.steps + 1):
         batch = next(batches, None)
@@ -177,7 +189,7 @@ def fit(
             epoch += 1
             batches = iter(loader)
             batch = next(batches)
-        result = _unroll(head, source, batch, options.ttt_steps)
+        result = _unroll(head, source, batch, options.ttt_steps, options.bf16)
         loss = result.total(options.loss_decay)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -208,17 +220,20 @@ def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, o
     totals = [0.0] * (2 * k)
     items = list(range(world.rank, len(dataset), world.size))
     for start in range(0, len(items), options.batch_size):
-        result = _unroll(head, source, collate([dataset[i] for i in items[start : start + options.batch_size]]), k)
+        batch = collate([dataset[i] for i in items[start : start + options.batch_size]])
+        result = _unroll(head, source, batch, k, options.bf16)
         totals = [t + v for t, v in zip(totals, [*result.correct, *result.counts])]
     totals = sum_across(totals, world)
     return agreement(totals[:k], totals[k:])
 
 
-def _unroll(head: Eagle3Head, source: Any, batch: dict[str, torch.Tensor], steps: int) -> TTTResult:
-    """The training-time test on one collated batch: the target's signals, then the head unrolled."""
+def _unroll(head: Eagle3Head, source: Any, batch: dict[str, torch.Tensor], steps: int, bf16: bool) -> TTTResult:
+    """The training-time test on one collated batch: the target's signals, then the head unrolled
+    (under bfloat16 autocast with ``bf16``)."""
     signals = source.signals(batch)
-    return ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
-                       signals.draft_logits, signals.target_argmax, steps)
+    with torch.autocast(signals.input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        return ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
+                           signals.draft_logits, signals.target_argmax, steps)
 
 
 def export(head: Eagle3Head, output: str, layout: Literal["safeailab", "speculators"], dtype: torch.dtype,

@@ -91,6 +91,8 @@ class ExampleDataset(torch.utils.data.Dataset):
         self.examples = examples
         #: Each conversation's ``conversation_id``, in dataset order (as ``DumpDataset.ids``).
         self.ids = [e.conversation_id for e in examples]
+        #: Each conversation's length in tokens (as ``DumpDataset.lengths``).
+        self.lengths = [len(e.input_ids) for e in examples]
 
     def __len__(self) -> int:
         return len(self.examples)
