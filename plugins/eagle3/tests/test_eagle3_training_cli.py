@@ -13,6 +13,7 @@ import torch
 from eagle3_training_data import save_target, synthesized, tiny_target
 
 from specdec.cli.main import main
+from specdec.models import resolve_dtype
 from specdec_eagle3 import load_head
 from specdec_eagle3.training.loop import export
 
@@ -55,6 +56,10 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert "held-out: " in result.stderr
     record = json.loads((d / "head" / "training.json").read_text())
     assert record["step"] == 4 and len(record["train_accuracy_per_step"]) == 3 and record["options"]["loss_decay"] == 0.8
+    # Defaults: batches of similar length; bfloat16 mixed precision where this CPU computes it natively.
+    native = resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    assert record["options"]["group_by_length"] is True and record["options"]["bf16"] is native
+    assert ("bfloat16 mixed precision" if native else "float32 precision") in " ".join(result.stderr.split())
     assert record["heldout_step"] == 4 and len(record["heldout_accuracy_per_step"]) == 3 and record["heldout_conversations"] == 4
     head = load_head(d / "head")
     assert head.config.draft_vocab_size == 20 and head.config.layers_to_capture == (0, 1, 2)
@@ -113,12 +118,13 @@ def test_fit_measures_agreement_on_heldout_data(files: dict[str, Path], tmp_path
     capsys.readouterr()
     assert main(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "all"), "--heldout-data", str(tmp_path / "held"),
                  "--output", str(tmp_path / "head"), "--draft-vocab-size", "20", "--ttt-steps", "2", "--steps", "2",
-                 "--batch-size", "4"]) == 0
+                 "--batch-size", "4", "--precision", "float32", "--no-group-by-length"]) == 0
     err = " ".join(capsys.readouterr().err.split())  # rich wraps lines at the terminal's width
     assert "offline training: 12 conversations (4 held-out conversations from --heldout-data, 4 of them in the training data)" in err
     record = json.loads((tmp_path / "head" / "training.json").read_text())
     assert record["heldout_conversations"] == 4 and record["heldout_data"] == [str(tmp_path / "held")]
     assert record["heldout_step"] == 2 and len(record["heldout_accuracy_per_step"]) == 2
+    assert record["options"]["bf16"] is False and record["options"]["group_by_length"] is False and "float32 precision" in err
     one_line_error(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "all"), "--heldout-data", str(tmp_path / "other"),
                     "--output", str(tmp_path / "x")], "--heldout-data: its layers [0, 2] differs from --offline-data's [0, 1, 2]", capsys)
     one_line_error(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "held"), "--heldout-data", str(tmp_path / "held"),
