@@ -19,7 +19,7 @@ from specdec_eagle3.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import (FitOptions, evaluate, export, fit, new_head, with_draft_vocabulary,
                                           with_more_layers)
-from specdec_eagle3.training.ttt import ttt_forward
+from specdec_eagle3.training.ttt import chain_walk, ttt_forward
 from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget, collate
 from specdec.training.token_frequency import token_counts
 from specdec_eagle3.training.vocab import calibrate
@@ -88,9 +88,11 @@ def test_heldout_agreement_is_measured_on_schedule(target, workdir: Path) -> Non
     reports = []
     fit(head, source, trained, options, World(), reports.append, heldout=held)
     assert [r.step for r in reports if r.heldout is not None] == [20, 30]
-    assert len(reports[-1].heldout) == 3 and reports[-1].heldout[0] > before[0] + 0.1, (before, reports[-1].heldout)
+    after = reports[-1].heldout
+    assert len(after.agreement) == 3 and after.agreement[0] > before.agreement[0] + 0.1, (before, after)
+    assert 1.0 <= before.acceptance_length < after.acceptance_length <= 4.0
     # Measuring does not train: the same head measures the same again.
-    assert evaluate(head, source, held, options, World()) == reports[-1].heldout
+    assert evaluate(head, source, held, options, World()) == after
 
 
 def test_bf16_mixed_precision_learns_with_float32_weights(target, workdir: Path) -> None:
@@ -111,6 +113,49 @@ def test_bf16_mixed_precision_learns_with_float32_weights(target, workdir: Path)
     seen.clear()
     evaluate(head, source, Subset(dataset, range(8)), options, World())
     assert seen == {torch.bfloat16}
+
+
+def test_heldout_walk_predicts_the_engines_acceptance_length(target, workdir: Path) -> None:
+    """On the target's greedy replies, the acceptance length :func:`evaluate` predicts from the
+    training-time test is the one the engine measures drafting chains of the same length on the
+    same prompts (float32; the walk also crosses each reply's end-of-turn tokens, which the engine
+    stops at, hence the small tolerance)."""
+    directory = workdir / "greedy"
+    directory.mkdir()
+    conversations = synthesized(target, directory, count=16, max_new_tokens=40, temperature=0.0)
+    examples = tokenize_all(read_conversations(conversations), target.tokenizer, 512)
+    write_dump(target.model, examples, LAYERS, directory / "dump", target_name="tiny")
+    dataset = DumpDataset(directory / "dump")
+    head = _fresh_head(dataset)
+    source = OfflineTarget(dataset.target_tensors(), torch.device("cpu"))
+    options = FitOptions(steps=2, batch_size=8, lr=3e-3, ttt_steps=4)
+    fit(head, source, dataset, options, World())
+    predicted = evaluate(head, source, dataset, options, World()).acceptance_length
+    export(head, str(directory / "head"), "safeailab", torch.float32, "tiny", (), 4)
+    prompts = [r["conversations"][0]["content"] for r in read_conversations(conversations)]
+    config = {"decoding_type": "eagle3", "speculative_model": str(directory / "head"), "max_draft_len": 4,
+              "adaptive_draft_len": False}
+    with LLM(target.model, config, tokenizer=target.tokenizer) as llm:
+        llm.generate(prompts, SamplingParams(max_tokens=40), chat=True)
+        measured = llm.get_metrics().mean_acceptance_length
+    # Two steps of training leave the head mid-way (about 2.4 of 5), where a wrong walk would show.
+    assert 1.5 < measured < 3.5 and abs(predicted - measured) < 0.05 * measured, (predicted, measured)
+
+
+def test_chain_walk_counts_steps_as_the_engine_does() -> None:
+    """Two replies: each starts with a token the target writes itself; a step keeps drafts up to
+    the first miss and adds the target's next token, and never drafts past its reply's end."""
+    mask = torch.tensor([[False, False, True, True, True, True, True, True, False, True, True, True]])
+    hits = torch.zeros(1, 12, 3, dtype=torch.bool)
+    hits[0, 1] = torch.tensor([True, True, False])  # anchor 1 (token 2 written): drafts tokens 3, 4 right, 5 wrong
+    hits[0, 4] = torch.tensor([True, True, True])   # anchor 4 (token 5 from the target): tokens 6, 7 right; 8 is no reply token
+    hits[0, 8] = torch.tensor([True, True, True])   # second reply: anchor 8, tokens 10, 11, then the reply ends
+    # Steps: anchor 1 keeps 2; anchor 4 keeps 2 (the reply ends at 7); anchor 8 keeps 2 (ends at 11).
+    assert chain_walk(hits, mask) == (3, 6)
+    # Anchor 4 now misses: its step keeps nothing; anchor 5 (token 6 from the target) misses too, and
+    # token 7, the target's, ends the reply.
+    hits[0, 4, 0] = False
+    assert chain_walk(hits, mask) == (4, 4)
 
 
 def test_online_signals_equal_the_dumps(target, workdir: Path) -> None:
@@ -208,7 +253,7 @@ def test_a_grown_head_computes_what_it_did_then_trains_its_new_layer(target, wor
     fit(grown, source, dataset, options, World())
     assert grown.later_layers[0].self_attn.o_proj.weight.abs().sum() > 0
     assert grown.later_layers[0].mlp.down_proj.weight.abs().sum() > 0
-    assert evaluate(grown, source, dataset, options, World())[0] >= agreement[0] - 0.05
+    assert evaluate(grown, source, dataset, options, World()).agreement[0] >= agreement.agreement[0] - 0.05
     export(grown, str(workdir / "grown"), "speculators", torch.float32, "tiny", (), 4)
     assert load_head(workdir / "grown").config.num_layers == 2
     accepted, tokens = _acceptance(target, workdir / "grown")

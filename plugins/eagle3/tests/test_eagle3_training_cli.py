@@ -124,6 +124,8 @@ def test_fit_measures_agreement_on_heldout_data(files: dict[str, Path], tmp_path
     record = json.loads((tmp_path / "head" / "training.json").read_text())
     assert record["heldout_conversations"] == 4 and record["heldout_data"] == [str(tmp_path / "held")]
     assert record["heldout_step"] == 2 and len(record["heldout_accuracy_per_step"]) == 2
+    assert 1.0 <= record["heldout_acceptance_length"] <= 3.0
+    assert f"predicted acceptance length of a chain of 2: {record['heldout_acceptance_length']:.2f}" in err
     assert record["options"]["bf16"] is False and record["options"]["group_by_length"] is False and "float32 precision" in err
     one_line_error(["train", "eagle3", "fit", "--offline-data", str(tmp_path / "all"), "--heldout-data", str(tmp_path / "other"),
                     "--output", str(tmp_path / "x")], "--heldout-data: its layers [0, 2] differs from --offline-data's [0, 1, 2]", capsys)

@@ -286,14 +286,16 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 smooth["acc"] = report.accuracies if previous is None else [0.9 * a + 0.1 * b for a, b in zip(previous, report.accuracies)]
                 smooth["loss"] = report.loss if "loss" not in smooth else 0.9 * smooth["loss"] + 0.1 * report.loss
                 if report.heldout is not None:
-                    measured.update(heldout_step=report.step, heldout_accuracy_per_step=report.heldout)
+                    measured.update(heldout_step=report.step, heldout_accuracy_per_step=report.heldout.agreement,
+                                    heldout_acceptance_length=report.heldout.acceptance_length)
                 held = measured.get("heldout_accuracy_per_step")
                 progress.update(task, advance=1, loss=smooth["loss"], acc=_accuracies(smooth["acc"][:4]),
-                                held=_accuracies(held[:4]) if held else "-")
+                                held=f"{_accuracies(held[:4])} ({measured['heldout_acceptance_length']:.2f})" if held else "-")
 
             fit(head, source, dataset, options, world, on_step, save, heldout_set)
         console.print(f"training accuracy per TTT step (last step): {_accuracies(last.accuracies, ', ')}; "
-                      + (f"held-out: {_accuracies(last.heldout, ', ')}; " if last.heldout else "")
+                      + (f"held-out: {_accuracies(last.heldout.agreement, ', ')}, predicted acceptance length of a chain "
+                         f"of {ttt_steps}: {last.heldout.acceptance_length:.2f}; " if last.heldout else "")
                       + f"wrote {layout} head to {output}")
     finally:
         leave(world)

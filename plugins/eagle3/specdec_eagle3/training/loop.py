@@ -17,7 +17,7 @@ from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 from specdec_eagle3.training.batching import LengthGroupedBatches, conversation_lengths
 from specdec_eagle3.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec_eagle3.training.sources import collate
-from specdec_eagle3.training.ttt import TTTResult, agreement, ttt_forward
+from specdec_eagle3.training.ttt import TTTResult, agreement, chain_walk, ttt_forward
 
 #: Target config fields the head's decoder layer copies (attention shape, MLP, norms, RoPE, vocabulary).
 _LAYER_FIELDS = (
@@ -130,12 +130,23 @@ class FitOptions:
 
 
 @dataclass
+class Evaluation:
+    """A head measured on held-out conversations, as in training but without learning."""
+
+    #: Top-1 agreement with the target per TTT step.
+    agreement: list[float]
+    #: Tokens per step of greedy chained drafting of ``ttt_steps`` tokens over their replies
+    #: (:func:`~specdec_eagle3.training.ttt.chain_walk`): the acceptance length inference would measure.
+    acceptance_length: float
+
+
+@dataclass
 class StepReport:
     step: int
     loss: float
     accuracies: list[float]
-    #: Top-1 agreement per TTT step on the held-out conversations, on steps that measured it.
-    heldout: list[float] | None = None
+    #: The head on the held-out conversations, on steps that measured it.
+    heldout: Evaluation | None = None
 
 
 def _schedule(options: FitOptions) -> Callable[[int], float]:
@@ -164,8 +175,8 @@ def fit(
     reads its own share of ``dataset``; gradients are averaged over ranks before each step.
     ``on_save(step)`` is called on rank 0 every ``options.save_every`` steps and at the end.
     With ``heldout`` conversations, the report of every ``options.eval_every``-th step and of the
-    last carries the head's per-step top-1 agreement on them (:func:`evaluate`): training
-    accuracy alone cannot tell learning from memorizing.
+    last carries the head's per-step top-1 agreement and predicted acceptance length on them
+    (:func:`evaluate`): training accuracy alone cannot tell learning from memorizing.
     """
     head.train()
     broadcast_parameters(head, world)
@@ -213,18 +224,21 @@ def fit(
 
 
 @torch.no_grad()
-def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, options: FitOptions, world: World) -> list[float]:
-    """Top-1 agreement with the target per TTT step over ``dataset`` (each rank a share), as in training."""
+def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, options: FitOptions, world: World) -> Evaluation:
+    """Top-1 agreement with the target per TTT step over ``dataset`` (each rank a share), as in
+    training, and the acceptance length of a chain of ``options.ttt_steps`` drafts over its replies."""
     head.eval()
     k = options.ttt_steps
-    totals = [0.0] * (2 * k)
+    totals = [0.0] * (2 * k + 2)
     items = list(range(world.rank, len(dataset), world.size))
     for start in range(0, len(items), options.batch_size):
         batch = collate([dataset[i] for i in items[start : start + options.batch_size]])
         result = _unroll(head, source, batch, k, options.bf16)
-        totals = [t + v for t, v in zip(totals, [*result.correct, *result.counts])]
+        walk = chain_walk(result.hits, batch["loss_mask"])
+        totals = [t + v for t, v in zip(totals, [*result.correct, *result.counts, *walk])]
     totals = sum_across(totals, world)
-    return agreement(totals[:k], totals[k:])
+    steps, accepted = totals[2 * k :]
+    return Evaluation(agreement(totals[:k], totals[k : 2 * k]), 1 + accepted / steps if steps else 1.0)
 
 
 def _unroll(head: Eagle3Head, source: Any, batch: dict[str, torch.Tensor], steps: int, bf16: bool) -> TTTResult:

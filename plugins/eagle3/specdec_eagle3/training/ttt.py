@@ -60,12 +60,16 @@ def shift(x: torch.Tensor, k: int) -> torch.Tensor:
 @dataclass
 class TTTResult:
     """Per unrolled step: the loss, the top-1 agreement with the target, the positions scored and
-    the head's output states ``[B, T, hidden]`` (autograd keeps them anyway)."""
+    the head's output states ``[B, T, hidden]`` (autograd keeps them anyway).
+
+    ``hits[b, t, k]``: step ``k`` from anchor ``t`` (the head reading token ``t + 1``) predicted the
+    target's token ``t + 2 + k``; False where that step scored nothing."""
 
     losses: list[torch.Tensor] = field(default_factory=list)
     hiddens: list[torch.Tensor] = field(default_factory=list)
     correct: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
+    hits: torch.Tensor | None = None
 
     def total(self, decay: float) -> torch.Tensor:
         return sum(decay**k * loss for k, loss in enumerate(self.losses))
@@ -78,6 +82,39 @@ class TTTResult:
 def agreement(correct: Sequence[float], counts: Sequence[float]) -> list[float]:
     """Top-1 agreement per step from correct and scored counts (0 where a step scored nothing)."""
     return [c / n if n else 0.0 for c, n in zip(correct, counts, strict=True)]
+
+
+def chain_walk(hits: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
+    """``(steps, accepted)``: the drafting steps and accepted drafts of greedy chained drafting of
+    ``hits.shape[-1]`` tokens over every reply of the batch, from the training-time test's ``hits``.
+
+    The target writes a reply's first token itself; from then on each step drafts from the
+    latest token, keeps the drafts up to the first the target disagrees with, and adds the
+    target's own next token. Because the test feeds the true tokens and the head's own states,
+    exactly what a chain sees while its drafts are accepted, ``1 + accepted / steps`` predicts the
+    acceptance length the engine measures on the same replies.
+    """
+    depth = hits.shape[-1]
+    steps = accepted = 0
+    for row_hits, row_mask in zip(hits.cpu().tolist(), loss_mask.bool().cpu().tolist()):
+        start = 0
+        while start < len(row_mask):
+            if not row_mask[start]:
+                start += 1
+                continue
+            end = start
+            while end + 1 < len(row_mask) and row_mask[end + 1]:
+                end += 1
+            anchor = max(start - 1, 0)
+            while anchor + 2 <= end:
+                run = 0
+                while run < depth and anchor + 2 + run <= end and row_hits[anchor][run]:
+                    run += 1
+                steps += 1
+                accepted += run
+                anchor += run + 1
+            start = end + 1
+    return steps, accepted
 
 
 def unrolled_rows(teach: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +173,7 @@ def ttt_forward(
     sequence = torch.arange(batch, device=device)[:, None]
     cache = HeadCache(ConcatLayerCache)
     hidden = head.fuse(features)
-    result = TTTResult()
+    result = TTTResult(hits=torch.zeros(batch, length, steps, dtype=torch.bool, device=device))
     for k in range(steps):
         if k == 1:
             rows, live = unrolled_rows(teach, steps)
@@ -161,6 +198,8 @@ def ttt_forward(
         count = int(scored.sum())
         result.losses.append(-(target_p[at] * logq).sum() / max(count, 1))
         with torch.no_grad():
-            result.correct.append(int((logq.argmax(-1) == target_pick[at]).sum()))
+            agree = logq.argmax(-1) == target_pick[at]
+            result.hits[owner[scored], rows[scored], k] = agree
+            result.correct.append(int(agree.sum()))
         result.counts.append(count)
     return result
