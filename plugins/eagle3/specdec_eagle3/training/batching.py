@@ -1,7 +1,7 @@
 """Which conversations train together: shuffled batches, or batches of similar length.
 
 A batch is right-padded to its longest conversation, and the head computes every padded
-position. With conversations of 50 to 750 tokens drawn at random, a quarter of a batch's
+position. With conversations of 50 to 750 tokens drawn at random, about a fifth of a batch's
 positions are padding; batches of similar length waste little (as ``group_by_length`` in
 Hugging Face's Trainer).
 """

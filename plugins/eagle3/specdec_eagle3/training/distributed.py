@@ -2,10 +2,10 @@
 
 Both launchers start one process per device and set ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``,
 ``MASTER_ADDR`` and ``MASTER_PORT``. With ``WORLD_SIZE`` above 1 each process joins a process
-group (NCCL on CUDA, gloo on CPU), reads its own slice of the data (``DistributedSampler``),
-averages gradients with the others after every backward (all-reduce) and starts from rank 0's
-weights; only rank 0 shows progress and writes checkpoints. A plain ``specdec`` run is one
-process and never touches a process group.
+group (NCCL on CUDA, gloo on CPU), reads its own share of the batches (``LengthGroupedBatches``,
+or ``DistributedSampler`` without length grouping), averages gradients with the others after
+every backward (all-reduce) and starts from rank 0's weights; only rank 0 shows progress and
+writes checkpoints. A plain ``specdec`` run is one process and never touches a process group.
 """
 
 from __future__ import annotations
