@@ -21,6 +21,7 @@ from specdec import (
 )
 from specdec.errors import VerifyInputError
 from specdec.plugins import get_registry
+from specdec.sampling import greedy_tokens
 from specdec.testing.conformance import P_VALUE_FLOOR, chi_square_p_value, exact_joint_distribution
 from specdec.verify import verify_requests
 
@@ -373,6 +374,14 @@ def test_temperature_zero_is_one_hot_argmax():
     logits = torch.randn(4, 20, generator=torch.Generator().manual_seed(1))
     probs = logits_to_probs(logits, SamplingParams(temperature=0.0, top_k=3, top_p=0.5))
     assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), 20).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_break_ties_as_argmax_does(dtype):
+    """The greedy token is argmax's, including its first maximum on ties (bf16 logits tie often)."""
+    logits = torch.randint(0, 4, (64, 300), generator=torch.Generator().manual_seed(2)).to(dtype)
+    assert torch.equal(greedy_tokens(logits), logits.argmax(-1))
+    assert int(greedy_tokens(logits[0])) == int(logits[0].argmax())
 
 
 def test_temperature_scales_logits():

@@ -20,7 +20,7 @@ from specdec.plugins import PluginRegistry
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import TargetContext
 from specdec.runner import ModelRunner
-from specdec.sampling import SamplingParams, logits_to_probs, sample
+from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs, sample
 from specdec.stopping import StopChecker, eos_token_ids
 
 
@@ -335,7 +335,7 @@ class Engine:
 
     def _pick(self, logits: torch.Tensor, request: Request) -> int:
         if request.params.greedy:
-            return int(logits.argmax().item())
+            return int(greedy_tokens(logits).item())
         return sample(logits_to_probs(logits, request.params), request.generator)
 
     def _append(self, request: Request, tokens: list[int]) -> None:

@@ -20,7 +20,7 @@ import torch
 from specdec import kernels
 from specdec.errors import VerifyInputError
 from specdec.requests import DraftProposal, Request, VerifyResult
-from specdec.sampling import logits_to_probs
+from specdec.sampling import greedy_tokens, logits_to_probs
 
 
 def verify_requests(
@@ -63,7 +63,7 @@ def _results(acceptance: kernels.Acceptance) -> list[VerifyResult]:
 def _verify_greedy(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
     device = logits[0].device
     draft_ids, num_drafts = _padded_drafts(proposals, device)
-    target_argmax = _stack_padded([lg.argmax(-1) for lg in logits], draft_ids.shape[1] + 1)
+    target_argmax = _stack_padded([greedy_tokens(lg) for lg in logits], draft_ids.shape[1] + 1)
     return _results(kernels.greedy_accept(draft_ids, num_drafts, target_argmax))
 
 
@@ -74,7 +74,7 @@ def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logit
     parents = torch.full((len(proposals), n), -1, dtype=torch.long)
     for row, proposal in enumerate(proposals):
         parents[row, : len(proposal)] = torch.tensor(proposal.parents, dtype=torch.long)
-    target_argmax = _stack_padded([lg.argmax(-1) for lg in logits], n + 1)
+    target_argmax = _stack_padded([greedy_tokens(lg) for lg in logits], n + 1)
     outcome = kernels.tree_accept(node_ids, parents.to(device), num_nodes, target_argmax)
     results = []
     for count, path, token in zip(outcome.num_accepted.tolist(), outcome.accepted_nodes.tolist(), outcome.next_token.tolist()):
