@@ -8,7 +8,7 @@ from specdec.llm import LLM, RequestOutput
 from specdec.metrics import RequestMetrics
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import ResourceManager, TargetContext
-from specdec.sampling import SamplingParams, logits_to_probs
+from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 
 __all__ = [
     "LLM",
@@ -28,6 +28,7 @@ __all__ = [
     "UnknownMethodError",
     "UserProvidedDecodingConfig",
     "VerifyResult",
+    "greedy_tokens",
     "hookimpl",
     "logits_to_probs",
 ]

@@ -98,7 +98,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype != "auto":
         raise ModelLoadError(f"dtype: unknown value {dtype!r}; use auto, float32, bfloat16 or float16")
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     if device.type == "cpu" and _cpu_has_native_bf16():
         return torch.bfloat16
     return torch.float32

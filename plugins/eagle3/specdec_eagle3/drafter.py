@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from specdec import DraftProposal, Request, ResourceManager, TargetContext, VerifyResult, logits_to_probs
+from specdec import DraftProposal, Request, ResourceManager, TargetContext, VerifyResult, greedy_tokens, logits_to_probs
 from specdec.sampling import sample
 from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import check_target, resolve_layers
@@ -205,6 +205,6 @@ class Eagle3Resources(ResourceManager):
         logits = draft_logits.float().new_full((self.vocab_size,), float("-inf"))
         logits[self.draft_ids] = draft_logits.float()
         if request.params.greedy:
-            return int(logits.argmax()), None
+            return int(greedy_tokens(logits)), None
         dist = logits_to_probs(logits, request.params)
         return sample(dist, request.generator), dist

@@ -19,9 +19,9 @@ def _padded(batches: list[list[int]]) -> int:
 
 
 def test_one_process_sees_every_conversation_once_per_epoch_with_little_padding() -> None:
-    """The batches of an epoch partition the data; padding falls from a quarter of the positions
-    (shuffled batches) to a few percent; the same seed and epoch give the same batches, another
-    epoch others."""
+    """The batches of an epoch partition the data; padding falls from over a fifth of the tokens
+    (shuffled batches of these lengths) to a few percent; the same seed and epoch give the same
+    batches, another epoch others."""
     sampler = LengthGroupedBatches(LENGTHS, 4, World(), seed=3)
     batches = list(sampler)
     assert sorted(i for batch in batches for i in batch) == list(range(len(LENGTHS)))
@@ -38,13 +38,17 @@ def test_one_process_sees_every_conversation_once_per_epoch_with_little_padding(
     assert longest != sorted(longest) and longest != sorted(longest, reverse=True)
 
 
-def test_ranks_take_disjoint_equal_shares() -> None:
-    """Two ranks compute the same batches and take alternate ones: disjoint, as many each, and
-    together everything but the dropped remainder."""
+def test_ranks_take_disjoint_equal_shares_of_each_step() -> None:
+    """Two ranks compute the same steps and each takes its own batch of every one: equal counts,
+    disjoint, together everything but the last step when it is short, and within a step the two
+    batches' lengths are close (neither rank waits long for the other)."""
     shares = [list(LengthGroupedBatches(LENGTHS, 4, World(rank, 2), seed=0)) for rank in (0, 1)]
-    assert len(shares[0]) == len(shares[1])
+    assert len(shares[0]) == len(shares[1]) == len(LENGTHS) // 8
+    assert all(len(batch) == 4 for share in shares for batch in share)
     seen = [i for share in shares for batch in share for i in batch]
-    assert len(seen) == len(set(seen)) and len(seen) > len(LENGTHS) - 2 * 4
+    assert len(seen) == len(set(seen)) == len(LENGTHS) // 8 * 8
+    gaps = [abs(max(LENGTHS[i] for i in a) - max(LENGTHS[i] for i in b)) for a, b in zip(*shares)]
+    assert sum(gaps) / len(gaps) < 20, sum(gaps) / len(gaps)
 
 
 def test_lengths_follow_a_subset() -> None:

@@ -97,8 +97,7 @@ def test_heldout_agreement_is_measured_on_schedule(target, workdir: Path) -> Non
 
 def test_bf16_mixed_precision_learns_with_float32_weights(target, workdir: Path) -> None:
     """With ``bf16`` the head's matrix products run in bfloat16 (its output layer's logits are
-    bfloat16) while its weights stay float32, and it learns as in float32; evaluation computes the
-    same way."""
+    bfloat16) while its weights stay float32, and it learns; held-out evaluation runs in float32."""
     dataset = DumpDataset(workdir / "dump")
     head = _fresh_head(dataset)
     source = OfflineTarget(dataset.target_tensors(), torch.device("cpu"))
@@ -110,16 +109,17 @@ def test_bf16_mixed_precision_learns_with_float32_weights(target, workdir: Path)
     assert seen == {torch.bfloat16}
     assert {p.dtype for p in head.parameters()} == {torch.float32}
     assert reports[-1].accuracies[0] > reports[0].accuracies[0] + 0.2
+    # Held-out measurement stays float32, comparable with runs in either precision.
     seen.clear()
     evaluate(head, source, Subset(dataset, range(8)), options, World())
-    assert seen == {torch.bfloat16}
+    assert seen == {torch.float32}
 
 
 def test_heldout_walk_predicts_the_engines_acceptance_length(target, workdir: Path) -> None:
     """On the target's greedy replies, the acceptance length :func:`evaluate` predicts from the
     training-time test is the one the engine measures drafting chains of the same length on the
-    same prompts (float32; the walk also crosses each reply's end-of-turn tokens, which the engine
-    stops at, hence the small tolerance)."""
+    same prompts (float32; a reply cut at ``max_tokens`` ends its last step earlier in the engine,
+    hence the small tolerance)."""
     directory = workdir / "greedy"
     directory.mkdir()
     conversations = synthesized(target, directory, count=16, max_new_tokens=40, temperature=0.0)
@@ -143,19 +143,29 @@ def test_heldout_walk_predicts_the_engines_acceptance_length(target, workdir: Pa
 
 
 def test_chain_walk_counts_steps_as_the_engine_does() -> None:
-    """Two replies: each starts with a token the target writes itself; a step keeps drafts up to
-    the first miss and adds the target's next token, and never drafts past its reply's end."""
-    mask = torch.tensor([[False, False, True, True, True, True, True, True, False, True, True, True]])
-    hits = torch.zeros(1, 12, 3, dtype=torch.bool)
-    hits[0, 1] = torch.tensor([True, True, False])  # anchor 1 (token 2 written): drafts tokens 3, 4 right, 5 wrong
-    hits[0, 4] = torch.tensor([True, True, True])   # anchor 4 (token 5 from the target): tokens 6, 7 right; 8 is no reply token
-    hits[0, 8] = torch.tensor([True, True, True])   # second reply: anchor 8, tokens 10, 11, then the reply ends
-    # Steps: anchor 1 keeps 2; anchor 4 keeps 2 (the reply ends at 7); anchor 8 keeps 2 (ends at 11).
-    assert chain_walk(hits, mask) == (3, 6)
+    """Each reply starts with a token the target writes itself; a step keeps drafts up to the first
+    miss (or a whole chain) and adds the target's next token; no step drafts past the reply's
+    end, which is its last assistant token or its first stop token."""
+    mask = torch.tensor([[False, False, True, True, True, True, True, True, False, True, True, True, False, False],
+                         [False, True, True, True, True, True, True, True, True, True, True, True, True, False]])
+    ids = torch.zeros_like(mask, dtype=torch.long)
+    ids[1, 10] = 7  # row 1's reply stops at token 10; tokens 11, 12 (the template's) are never generated
+    hits = torch.zeros(2, 14, 3, dtype=torch.bool)
+    hits[0, 1] = torch.tensor([True, True, False])  # anchor 1 (token 2 written): tokens 3, 4 right, 5 wrong
+    hits[0, 4] = torch.tensor([True, True, True])   # anchor 4 (token 5 from the target): 6, 7; 8 is no reply token
+    hits[0, 8] = torch.tensor([True, True, True])   # second reply: anchor 8: tokens 10, 11, then it ends
+    hits[1, 0] = torch.tensor([True, True, True])   # anchor 0: a whole chain, tokens 2-4, then token 5 from the target
+    hits[1, 4] = torch.tensor([True, True, True])   # anchor 4 (reads token 5): tokens 6-8, then token 9 from the target
+    hits[1, 10] = torch.tensor([True, True, True])  # anchor 10 lies past the stop
+    # Row 0: anchors 1, 4, 8 keep 2 each. Row 1: anchors 0 and 4 keep 3 each; anchor 8 misses
+    # token 10, which the target writes, and the reply ends there.
+    assert chain_walk(hits, mask, ids, stop_ids=[7]) == (6, 12)
+    # Without the stop, row 1 goes on: anchor 9 misses token 11, anchor 10 keeps token 12.
+    assert chain_walk(hits, mask, ids) == (8, 13)
     # Anchor 4 now misses: its step keeps nothing; anchor 5 (token 6 from the target) misses too, and
     # token 7, the target's, ends the reply.
     hits[0, 4, 0] = False
-    assert chain_walk(hits, mask) == (4, 4)
+    assert chain_walk(hits[:1], mask[:1], ids[:1]) == (4, 4)
 
 
 def test_online_signals_equal_the_dumps(target, workdir: Path) -> None:

@@ -1,9 +1,9 @@
 """Which conversations train together: shuffled batches, or batches of similar length.
 
 A batch is right-padded to its longest conversation, and the head computes every padded
-position. With conversations of 50 to 750 tokens drawn at random, about a fifth of a batch's
-positions are padding; batches of similar length waste little (as ``group_by_length`` in
-Hugging Face's Trainer).
+position. Batched at random, the shipped head's training conversations (50 to 750 tokens)
+make about a fifth of the positions padding; batches of similar length waste little (as
+``group_by_length`` in Hugging Face's Trainer).
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from specdec_eagle3.training.distributed import World
 class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
     """One rank's batches of conversations of similar length, reshuffled every epoch.
 
-    Each epoch shuffles the conversations, cuts the order into groups of ``group`` batches
-    (across every rank), sorts each group by length and cuts it into batches, then shuffles the
-    batches: steps still see a random mix of lengths, but each batch's lengths are close. The
-    order depends only on ``seed`` and the epoch, so every rank computes the same batches and
-    takes every ``world.size``-th one. In a multi-process world the batches that would leave
-    ranks uneven are dropped, as ``DistributedSampler(drop_last=True)`` does.
+    Each epoch shuffles the conversations, cuts the order into groups of ``group`` optimizer
+    steps, sorts each group by length and cuts it into steps of ``batch_size x world.size``
+    conversations, then shuffles the steps: steps still see a random mix of lengths, but within a
+    step the lengths are close. Rank ``r`` takes the ``r``-th batch of every step, so in one step
+    every rank works on conversations of about the same length and none waits long for the
+    others. The order depends only on ``seed`` and the epoch, so every rank computes the same
+    steps. In a multi-process world the last step of an epoch is dropped when it would not give
+    every rank a whole batch, as ``DistributedSampler(drop_last=True)`` does.
 
     :param lengths: each conversation's length in tokens, in dataset order.
     """
@@ -34,30 +36,37 @@ class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
         self.batch_size = batch_size
         self.world = world
         self.seed = seed
-        self.span = batch_size * world.size * group
+        self.group = group
         self.epoch = 0
+        self._cached: tuple[int, list[list[int]]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _all_batches(self) -> list[list[int]]:
+    def _batches(self) -> list[list[int]]:
+        """This rank's batches for the current epoch (computed once per epoch)."""
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
-        batches = []
-        for start in range(0, len(order), self.span):
-            group = sorted(order[start : start + self.span], key=lambda i: self.lengths[i], reverse=True)
-            batches += [group[i : i + self.batch_size] for i in range(0, len(group), self.batch_size)]
-        shuffled = torch.randperm(len(batches), generator=generator).tolist()
-        batches = [batches[i] for i in shuffled]
-        if self.world.distributed:
-            batches = batches[: len(batches) // self.world.size * self.world.size]
+        width = self.batch_size * self.world.size
+        steps = []
+        for start in range(0, len(order), width * self.group):
+            group = sorted(order[start : start + width * self.group], key=lambda i: self.lengths[i], reverse=True)
+            steps += [group[i : i + width] for i in range(0, len(group), width)]
+        if self.world.distributed and steps and len(steps[-1]) < width:
+            steps.pop()
+        shuffled = torch.randperm(len(steps), generator=generator).tolist()
+        rank = self.world.rank * self.batch_size
+        batches = [steps[i][rank : rank + self.batch_size] for i in shuffled]
+        self._cached = (self.epoch, batches)
         return batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._all_batches()[self.world.rank :: self.world.size])
+        return iter(self._batches())
 
     def __len__(self) -> int:
-        return len(self._all_batches()[self.world.rank :: self.world.size])
+        return len(self._batches())
 
 
 def conversation_lengths(dataset: Dataset) -> list[int]:

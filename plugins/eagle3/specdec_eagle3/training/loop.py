@@ -125,7 +125,8 @@ class FitOptions:
     #: shuffled ones: less padding to compute.
     group_by_length: bool = True
     #: Mixed precision: the head's matrix products in bfloat16 under ``torch.autocast``; its
-    #: weights, optimizer state and losses stay float32.
+    #: weights, optimizer state and losses stay float32. Held-out measurement stays float32, so
+    #: it compares across runs either way.
     bf16: bool = False
 
 
@@ -136,7 +137,8 @@ class Evaluation:
     #: Top-1 agreement with the target per TTT step.
     agreement: list[float]
     #: Tokens per step of greedy chained drafting of ``ttt_steps`` tokens over their replies
-    #: (:func:`~specdec_eagle3.training.ttt.chain_walk`): the acceptance length inference would measure.
+    #: (:func:`~specdec_eagle3.training.ttt.chain_walk`): on the target's own greedy replies, the
+    #: acceptance length the engine measures.
     acceptance_length: float
 
 
@@ -184,7 +186,7 @@ def fit(
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(options))
-    sampler: Any
+    sampler: LengthGroupedBatches | torch.utils.data.DistributedSampler
     if options.group_by_length:
         sampler = LengthGroupedBatches(conversation_lengths(dataset), options.batch_size, world, options.seed)
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
@@ -192,6 +194,9 @@ def fit(
         sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
                                                       seed=options.seed, drop_last=world.distributed)
         loader = torch.utils.data.DataLoader(dataset, batch_size=options.batch_size, sampler=sampler, collate_fn=collate)
+    if len(loader) == 0:
+        raise ConfigError(f"the training data holds {len(dataset)} conversations: too few for a batch of "
+                          f"{options.batch_size} on each of {world.size} processes")
     epoch, batches, report = 0, iter(()), StepReport(0, float("nan"), [])
     for step in range(1, options.steps + 1):
         batch = next(batches, None)
@@ -226,15 +231,18 @@ def fit(
 @torch.no_grad()
 def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, options: FitOptions, world: World) -> Evaluation:
     """Top-1 agreement with the target per TTT step over ``dataset`` (each rank a share), as in
-    training, and the acceptance length of a chain of ``options.ttt_steps`` drafts over its replies."""
+    training but always in float32, and the acceptance length of a chain of ``options.ttt_steps``
+    drafts over its replies, which end at the target's end-of-sequence tokens."""
     head.eval()
     k = options.ttt_steps
+    eos = head.config.llama.eos_token_id
+    stop_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     totals = [0.0] * (2 * k + 2)
     items = list(range(world.rank, len(dataset), world.size))
     for start in range(0, len(items), options.batch_size):
         batch = collate([dataset[i] for i in items[start : start + options.batch_size]])
-        result = _unroll(head, source, batch, k, options.bf16)
-        walk = chain_walk(result.hits, batch["loss_mask"])
+        result = _unroll(head, source, batch, k, bf16=False)
+        walk = chain_walk(result.hits, batch["loss_mask"], batch["input_ids"], stop_ids)
         totals = [t + v for t, v in zip(totals, [*result.correct, *result.counts, *walk])]
     totals = sum_across(totals, world)
     steps, accepted = totals[2 * k :]

@@ -23,11 +23,12 @@ assistant token and whose target argmax lies in the draft vocabulary; step ``k``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from specdec import greedy_tokens
 from specdec_eagle3.head import Eagle3Head, HeadCache
 
 
@@ -69,7 +70,7 @@ class TTTResult:
     hiddens: list[torch.Tensor] = field(default_factory=list)
     correct: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
-    hits: torch.Tensor | None = None
+    hits: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0, dtype=torch.bool))
 
     def total(self, decay: float) -> torch.Tensor:
         return sum(decay**k * loss for k, loss in enumerate(self.losses))
@@ -84,27 +85,33 @@ def agreement(correct: Sequence[float], counts: Sequence[float]) -> list[float]:
     return [c / n if n else 0.0 for c, n in zip(correct, counts, strict=True)]
 
 
-def chain_walk(hits: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
+def chain_walk(hits: torch.Tensor, loss_mask: torch.Tensor, input_ids: torch.Tensor, stop_ids: Collection[int] = ()) -> tuple[int, int]:
     """``(steps, accepted)``: the drafting steps and accepted drafts of greedy chained drafting of
     ``hits.shape[-1]`` tokens over every reply of the batch, from the training-time test's ``hits``.
 
-    The target writes a reply's first token itself; from then on each step drafts from the
-    latest token, keeps the drafts up to the first the target disagrees with, and adds the
-    target's own next token. Because the test feeds the true tokens and the head's own states,
-    exactly what a chain sees while its drafts are accepted, ``1 + accepted / steps`` predicts the
-    acceptance length the engine measures on the same replies.
+    A reply is a run of assistant tokens (``loss_mask``) up to its first stop token (``stop_ids``,
+    the target's end of turn): the engine stops there, and the template's tokens after it are
+    never generated. The target writes a reply's first token itself; from then on each step
+    drafts from the latest token, keeps the drafts up to the first the target disagrees with, and
+    adds the target's own next token. The test feeds the true tokens and the head's own states,
+    exactly what a chain sees while its drafts are accepted; so on the target's own greedy replies
+    ``1 + accepted / steps`` is the acceptance length the engine measures on the same prompts.
+    (On other text the engine would follow its own continuation from the first difference.)
     """
     depth = hits.shape[-1]
+    stops = set(stop_ids)
     steps = accepted = 0
-    for row_hits, row_mask in zip(hits.cpu().tolist(), loss_mask.bool().cpu().tolist()):
+    for row_hits, row_mask, row_ids in zip(hits.cpu().tolist(), loss_mask.bool().cpu().tolist(), input_ids.cpu().tolist()):
         start = 0
         while start < len(row_mask):
             if not row_mask[start]:
                 start += 1
                 continue
-            end = start
-            while end + 1 < len(row_mask) and row_mask[end + 1]:
-                end += 1
+            span = start
+            while span + 1 < len(row_mask) and row_mask[span + 1]:
+                span += 1
+            end = next((p for p in range(start, span + 1) if row_ids[p] in stops), span)
+            # A reply opens a conversation only in malformed data; its first token then has no anchor.
             anchor = max(start - 1, 0)
             while anchor + 2 <= end:
                 run = 0
@@ -113,7 +120,7 @@ def chain_walk(hits: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
                 steps += 1
                 accepted += run
                 anchor += run + 1
-            start = end + 1
+            start = span + 1
     return steps, accepted
 
 
@@ -167,8 +174,7 @@ def ttt_forward(
     # Target position s teaches when token s + 1 is the assistant's and the draft vocabulary has its argmax.
     teach = shift(loss_mask.bool(), 1) & head.t2d[target_argmax]
     target_p = torch.softmax(draft_logits.float(), dim=-1)
-    # max(-1).indices: argmax's first maximum on ties, about three times faster on CPU.
-    target_pick = draft_logits.max(-1).indices
+    target_pick = greedy_tokens(draft_logits)
     rows = torch.arange(length, device=device)[None].expand(batch, length)
     live = torch.ones_like(teach)
     sequence = torch.arange(batch, device=device)[:, None]
@@ -199,7 +205,7 @@ def ttt_forward(
         count = int(scored.sum())
         result.losses.append(-(target_p[at] * logq).sum() / max(count, 1))
         with torch.no_grad():
-            agree = logq.max(-1).indices == target_pick[at]
+            agree = greedy_tokens(logq) == target_pick[at]
             result.hits[owner[scored], rows[scored], k] = agree
             result.correct.append(int(agree.sum()))
         result.counts.append(count)
