@@ -21,7 +21,7 @@ from specdec.training.synthesize import read_conversations
 from specdec.training.token_frequency import coverage, token_counts
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
-from specdec_eagle3.training.distributed import join, leave
+from specdec_eagle3.training.distributed import every_rank, join, leave
 from specdec_eagle3.training.dump import DumpDataset, check_same_target, write_dump
 from specdec_eagle3.training.loop import (FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary,
                                           with_more_layers)
@@ -247,6 +247,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         dataset = torch.utils.data.Subset(dataset, trained) if held else dataset
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
         bf16 = resolve_dtype(precision, world.device) == torch.bfloat16
+        if precision == "auto":
+            bf16 = every_rank(bf16, world)  # one precision for all ranks, even on mixed devices
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
                              ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every,
                              group_by_length=group_by_length, bf16=bf16)

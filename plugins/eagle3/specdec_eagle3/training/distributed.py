@@ -66,6 +66,16 @@ def average_gradients(parameters: list[torch.nn.Parameter], world: World) -> Non
                 param.grad.div_(world.size)
 
 
+def every_rank(flag: bool, world: World) -> bool:
+    """Whether ``flag`` holds on every rank: a choice each process makes from its own device (such
+    as ``--precision auto``) becomes one choice for the whole world."""
+    if not world.distributed:
+        return flag
+    tensor = torch.tensor([int(flag)], device=world.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return bool(tensor.item())
+
+
 def sum_across(values: list[float], world: World) -> list[float]:
     """Element-wise sum of ``values`` over every rank (counts for logging)."""
     if not world.distributed:
