@@ -118,6 +118,10 @@ def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> N
     for key in ("speedup", "speedup_vs_hf", "mean_accepted_tokens", "acceptance_rate", "outputs_match"):
         assert summary["overall"][key] is not None
     assert summary["overall"]["outputs_match"] == 1.0
+    # Per-position acceptance never rises with the position: accepting position i needs i - 1 first.
+    per_pos = summary["overall"]["acceptance_rate_per_pos"]
+    assert per_pos and all(1 >= a >= b >= 0 for a, b in zip(per_pos, per_pos[1:] + [0]))
+    assert "by position" in result.stdout
     assert summary["b"]["num_turns"] == 4
     # Each turn is timed alone: 4 timed runs in "b", so its speedup gets an interval around it.
     low, high = summary["b"]["speedup_ci95"]
