@@ -80,12 +80,11 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def _by_position(rates: list[float], shown: int = 5) -> str:
-    """The first ``shown`` per-position acceptance rates, positions that never accepted dropped."""
-    while rates and rates[-1] == 0:
-        rates = rates[:-1]
+    """The first ``shown`` per-position acceptance rates, zeros included; ``..`` when a later
+    position accepted too (a tree's node budget exceeds its depth, so its tail is always zero)."""
     if not rates:
         return "-"
-    return " ".join(f"{r:.2f}" for r in rates[:shown]) + (" .." if len(rates) > shown else "")
+    return " ".join(f"{r:.2f}" for r in rates[:shown]) + (" .." if any(rates[shown:]) else "")
 
 
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
