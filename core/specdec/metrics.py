@@ -115,3 +115,12 @@ def aggregate(metrics: Iterable[RequestMetrics]) -> RequestMetrics:
     for m in metrics:
         total.merge(m)
     return total
+
+
+def format_rates_per_pos(rates: list[float], shown: int = 5) -> str:
+    """The first ``shown`` per-position acceptance rates, zeros included, for a table cell; ``..``
+    when a later position accepted too (a tree's node budget exceeds its depth, so its tail is
+    always zero and is not shown)."""
+    if not rates:
+        return "-"
+    return " ".join(f"{r:.2f}" for r in rates[:shown]) + (" .." if any(rates[shown:]) else "")

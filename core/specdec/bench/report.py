@@ -10,7 +10,7 @@ from rich.table import Table
 
 from specdec.bench.interval import TimedPair, speedup_interval
 from specdec.bench.runner import HF, PLAIN, SPEC, TurnResult
-from specdec.metrics import aggregate
+from specdec.metrics import aggregate, format_rates_per_pos
 
 
 def _throughput(results: list[TurnResult], mode: str) -> float:
@@ -79,14 +79,6 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _by_position(rates: list[float], shown: int = 5) -> str:
-    """The first ``shown`` per-position acceptance rates, zeros included; ``..`` when a later
-    position accepted too (a tree's node budget exceeds its depth, so its tail is always zero)."""
-    if not rates:
-        return "-"
-    return " ".join(f"{r:.2f}" for r in rates[:shown]) + (" .." if any(rates[shown:]) else "")
-
-
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     has_hf = "speedup_vs_hf" in summary["overall"]
     table = Table(title=title)
@@ -101,7 +93,7 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
             row += [_fmt(s.get("speedup_vs_hf"), ".2f") + "x", _fmt(s.get("hf_speedup"), ".2f") + "x"]
         match = s["outputs_match"]
         row += [_fmt(s["tokens_per_second"], ".1f"), _fmt(s["mean_accepted_tokens"], ".2f"),
-                _fmt(s["acceptance_rate"], ".1%"), _by_position(s["acceptance_rate_per_pos"]),
+                _fmt(s["acceptance_rate"], ".1%"), format_rates_per_pos(s["acceptance_rate_per_pos"]),
                 "-" if match is None else f"{match:.0%}",
                 _fmt(s["overhead_fraction"], ".1%")]
         table.add_row(*row, style="bold" if cat == "overall" else None)

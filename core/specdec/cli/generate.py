@@ -12,6 +12,7 @@ from rich.table import Table
 
 from specdec.cli.common import build_config, method_options, model_options, quiet_transformers, sampling_options, sampling_params
 from specdec.llm import LLM, RequestOutput
+from specdec.metrics import format_rates_per_pos
 from specdec.sampling import SamplingParams
 
 
@@ -78,5 +79,5 @@ def _generate_all(llm: LLM, plain: LLM | None, prompts: tuple[str, ...], params:
         table.add_row("drafts / draft tokens / accepted", f"{m.num_drafts} / {m.num_draft_tokens} / {m.num_accepted_tokens}")
         table.add_row("acceptance rate", f"{m.acceptance_rate:.1%}")
         table.add_row("mean acceptance length", f"{m.mean_acceptance_length:.2f}")
-        table.add_row("per-position acceptance", ", ".join(f"{r:.2f}" for r in m.acceptance_rate_per_pos) or "-")
+        table.add_row("per-position acceptance", format_rates_per_pos(m.acceptance_rate_per_pos))
         console.print(table)
