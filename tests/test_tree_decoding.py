@@ -53,6 +53,7 @@ def test_tree_drafts_are_lossless_and_take_the_right_branch(tiny, cases, max_bat
         per_pos = g.metrics.num_accepted_tokens_per_pos
         assert g.metrics.num_drafts > 0 and per_pos[0] == per_pos[1] == g.metrics.num_drafts
         assert per_pos[2] >= g.metrics.num_drafts - 1
+        assert len(per_pos) == 3, "one per-position count per tree level (depth 3), not per node (5)"
 
 
 def test_sampled_requests_with_trees_are_refused_clearly(tiny, cases):

@@ -277,9 +277,10 @@ class Engine:
         verified = time.perf_counter()
         outcomes = []
         for request, proposal, result in zip(batch, proposals, results):
-            request.metrics.record_step(len(proposal), result.num_accepted)
+            depth = _depth(proposal)
+            request.metrics.record_step(len(proposal), result.num_accepted, depth)
             if len(proposal):
-                outcomes.append((_depth(proposal), result.num_accepted))
+                outcomes.append((depth, result.num_accepted))
                 request.acceptance.update(*outcomes[-1])
             else:
                 request.acceptance.skip()

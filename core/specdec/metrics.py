@@ -2,7 +2,8 @@
 
 - acceptance rate = accepted tokens / draft tokens
 - mean acceptance length = 1 + accepted tokens / drafts (tokens gained per drafting step)
-- per-position acceptance rate = accepted at position i / drafts
+- per-position acceptance rate = accepted at position i / drafts (for a tree, at depth i: one
+  entry per level the deepest proposal reached, not per node)
 
 As in vLLM, a draft counts as accepted when verification keeps it, even if a stop condition
 then ends the output before it.
@@ -32,7 +33,10 @@ class RequestMetrics:
     time_verify: float = 0.0
     time_decode: float = 0.0
 
-    def record_step(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def record_step(self, num_draft_tokens: int, num_accepted: int, depth: int | None = None) -> None:
+        """Count one decoding step that proposed ``num_draft_tokens`` tokens reaching ``depth``
+        positions deep (a tree's deepest path; default: a chain's length) and accepted
+        ``num_accepted`` of them."""
         self.num_steps += 1
         if num_draft_tokens == 0:
             return
@@ -40,7 +44,7 @@ class RequestMetrics:
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         per_pos = self.num_accepted_tokens_per_pos
-        per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        per_pos.extend([0] * ((num_draft_tokens if depth is None else depth) - len(per_pos)))
         for i in range(num_accepted):
             per_pos[i] += 1
 
@@ -119,8 +123,7 @@ def aggregate(metrics: Iterable[RequestMetrics]) -> RequestMetrics:
 
 def format_rates_per_pos(rates: list[float], shown: int = 5) -> str:
     """The first ``shown`` per-position acceptance rates, zeros included, for a table cell; ``..``
-    when a later position accepted too (a tree's node budget exceeds its depth, so its tail is
-    always zero and is not shown)."""
+    when a later position accepted too."""
     if not rates:
         return "-"
     return " ".join(f"{r:.2f}" for r in rates[:shown]) + (" .." if any(rates[shown:]) else "")
