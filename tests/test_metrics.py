@@ -17,8 +17,8 @@ def test_per_position_counts_have_one_entry_per_depth() -> None:
     per node, so a 12-node tree of depth 3 reports 3 positions; steps without a draft count as
     steps only."""
     chain = RequestMetrics()
-    chain.record_step(4, 2)
-    chain.record_step(0, 0)
+    chain.record_step(4, 2, depth=4)
+    chain.record_step(0, 0, depth=0)
     assert chain.num_accepted_tokens_per_pos == [1, 1, 0, 0]
     assert (chain.num_steps, chain.num_drafts, chain.acceptance_rate_per_pos) == (2, 1, [1.0, 1.0, 0.0, 0.0])
     tree = RequestMetrics()

@@ -33,10 +33,10 @@ class RequestMetrics:
     time_verify: float = 0.0
     time_decode: float = 0.0
 
-    def record_step(self, num_draft_tokens: int, num_accepted: int, depth: int | None = None) -> None:
+    def record_step(self, num_draft_tokens: int, num_accepted: int, depth: int) -> None:
         """Count one decoding step that proposed ``num_draft_tokens`` tokens reaching ``depth``
-        positions deep (a tree's deepest path; default: a chain's length) and accepted
-        ``num_accepted`` of them."""
+        positions deep (a chain's length, a tree's deepest path) and accepted ``num_accepted`` of
+        them."""
         self.num_steps += 1
         if num_draft_tokens == 0:
             return
@@ -44,7 +44,7 @@ class RequestMetrics:
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
         per_pos = self.num_accepted_tokens_per_pos
-        per_pos.extend([0] * ((num_draft_tokens if depth is None else depth) - len(per_pos)))
+        per_pos.extend([0] * (depth - len(per_pos)))
         for i in range(num_accepted):
             per_pos[i] += 1
 
