@@ -6,6 +6,7 @@ from specdec.errors import ConfigError, PluginError, SpecdecError, UnknownMethod
 from specdec.hookspecs import hookimpl
 from specdec.llm import LLM, RequestOutput
 from specdec.metrics import RequestMetrics
+from specdec.prepacked_linear import prepack_linears
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import ResourceManager, TargetContext
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
@@ -31,4 +32,5 @@ __all__ = [
     "greedy_tokens",
     "hookimpl",
     "logits_to_probs",
+    "prepack_linears",
 ]

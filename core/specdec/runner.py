@@ -16,7 +16,8 @@ Two extension points for the draft-head methods:
   attends to the cache and to its own ancestors only.
 
 A model on transformers' ``sdpa`` attention is switched to :mod:`specdec.attention`'s, which runs
-the same attention without copying the KV cache per query head in multi-token forwards.
+the same attention without copying the KV cache per query head in multi-token forwards, and its
+bfloat16 linear layers on CPU multiply by prepacked weights (:mod:`specdec.prepacked_linear`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.attention import use_packed_attention
 from specdec.kv_cache import BatchKVCache, new_kv_cache
+from specdec.prepacked_linear import prepack_linears
 
 
 @dataclass
@@ -50,6 +52,8 @@ class ModelRunner:
     def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
         self.model = model.eval()
         use_packed_attention(model)
+        #: How many of the model's linear layers multiply by prepacked weights.
+        self.prepacked_linears = prepack_linears(model)
         self.capture_hidden_states = capture_hidden_states
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

@@ -93,6 +93,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "dtype": str(plain.runner.dtype),
             "device": str(plain.runner.device),
             "threads": torch.get_num_threads(),
+            "prepacked_linears": plain.runner.prepacked_linears,
             "batch_size": batch_size,
             "repeats": repeats,
             "machine": platform.machine(),

@@ -31,7 +31,16 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from specdec import DraftProposal, Request, ResourceManager, TargetContext, VerifyResult, greedy_tokens, logits_to_probs
+from specdec import (
+    DraftProposal,
+    Request,
+    ResourceManager,
+    TargetContext,
+    VerifyResult,
+    greedy_tokens,
+    logits_to_probs,
+    prepack_linears,
+)
 from specdec.sampling import sample
 from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import check_target, resolve_layers
@@ -83,6 +92,7 @@ class Eagle3Resources(ResourceManager):
             )
         self.config = config
         self.head = head.place(target.device, target.dtype)
+        prepack_linears(self.head)
         self.embed = head.embed_tokens if head.embed_tokens is not None else target.model.get_input_embeddings()
         self.draft_ids = self.head.draft_to_target()
         self.vocab_size = target.vocab_size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from eagle3_tiny import fitted_head, head_config
 
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecdecError
+from specdec.prepacked_linear import PrepackedLinear, prepack_status
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import Eagle3Head, save_head
 from specdec_eagle3.drafter import Eagle3Resources
@@ -110,6 +112,21 @@ def test_sampled_drafts_carry_their_distribution(target, fitted_dir, monkeypatch
         assert torch.allclose(probs.sum(-1), torch.ones(len(drafts)))
         assert bool((probs[:, outside] == 0).all()) and bool(((probs > 0).sum(-1) <= 5).all())
         assert all(probs[i, t] > 0 for i, t in enumerate(drafts))
+
+
+@pytest.mark.skipif(not prepack_status()[0], reason=f"no packed bf16 linears here: {prepack_status()[1]}")
+def test_bf16_head_multiplies_by_prepacked_weights(target, fitted_dir) -> None:
+    """On CPU in bfloat16 the head's linear layers (fc, attention, MLP, lm_head) run prepacked,
+    like the target's, and drafting with them still has drafts accepted."""
+    model = copy.deepcopy(target.model).to(torch.bfloat16)
+    llm = LLM(model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
+                      "adaptive_draft_len": False}, tokenizer=target.tokenizer)
+    linears = [m for m in llm.engine.resource_manager.head.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 9 and all(type(m) is PrepackedLinear for m in linears)
+    llm.generate({"prompt_token_ids": target.encode(PROMPTS[0])}, SamplingParams(max_tokens=16))
+    assert all(m._packed is not None for m in linears)
+    assert llm.get_metrics().num_accepted_tokens > 0
+    llm.close()
 
 
 def test_default_layers_on_a_deep_target(tmp_path) -> None:

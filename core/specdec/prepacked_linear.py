@@ -1,0 +1,127 @@
+"""bfloat16 linear layers on CPU with their weights prepacked for oneDNN.
+
+``F.linear`` on a bfloat16 CPU tensor hands oneDNN a weight in PyTorch's plain row-major layout on
+every call. Reordering it once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
+what PyTorch's inductor does for frozen CPU models) and multiplying with
+``torch.ops.mkldnn._linear_pointwise`` is 2-3x faster for the shapes of decoding: measured on a
+2-core AVX512-BF16 CPU, SmolLM2-135M's 49,152-row output layer took 1.5 ms instead of 4.3 ms for
+one token and 3.1 ms instead of 6.7 ms for 13, and a whole one-token forward 34 ms instead of
+48 ms. Plain decoding and every speculative forward go through the same layers, so speedups
+stay ratios of like with like.
+
+:func:`prepack_linears` turns a module's ``nn.Linear`` layers into :class:`PrepackedLinear`
+(same parameters, same ``state_dict``). A layer uses its packed copy only where that is the same
+computation: a CPU input of the weight's dtype with autograd off (``torch.inference_mode`` or
+``torch.no_grad``); anything else (training, another device or dtype, a weight created under
+``torch.inference_mode``, whose changes PyTorch does not count) runs ``F.linear``. The copy is
+rebuilt when the weight is replaced or changed in place. It costs the layer's weight size again
+in memory.
+
+``SPECDEC_PREPACK`` chooses: ``auto`` (the default: bfloat16 layers, when this PyTorch build
+and CPU run oneDNN's bfloat16 kernels) or ``off``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specdec.errors import ConfigError
+
+PREPACK_ENV = "SPECDEC_PREPACK"
+_MODES = ("auto", "off")
+
+log = logging.getLogger("specdec.prepacked_linear")
+
+try:
+    _reorder = torch.ops.mkldnn._reorder_linear_weight
+    _linear = torch.ops.mkldnn._linear_pointwise
+except (AttributeError, RuntimeError):
+    _reorder = _linear = None
+_NO_SCALARS: list[float] = []
+
+
+
+class PrepackedLinear(nn.Linear):
+    """An ``nn.Linear`` that multiplies by a oneDNN-packed copy of its weight when it may."""
+
+    _packed: torch.Tensor | None = None
+    _packed_key: tuple[int, int] | None = None
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if not (
+            input.dtype == torch.bfloat16
+            and weight.dtype == torch.bfloat16
+            and input.is_cpu
+            and weight.is_cpu
+            and not weight.is_inference()
+            and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+        ):
+            return F.linear(input, weight, self.bias)
+        key = (weight.data_ptr(), weight._version)
+        if self._packed_key != key:
+            self._packed = _reorder(weight.detach(), 1)
+            self._packed_key = key
+        return _linear(input, self._packed, self.bias, "none", _NO_SCALARS, "")
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the packed weight out (oneDNN's opaque tensors have no storage
+        to copy); a copy packs its own at its first forward."""
+        state = self.__dict__.copy()
+        state.pop("_packed", None)
+        state.pop("_packed_key", None)
+        return state
+
+
+def prepack_mode() -> str:
+    """``SPECDEC_PREPACK``, checked: ``auto`` or ``off``."""
+    mode = os.environ.get(PREPACK_ENV, "auto").strip().lower() or "auto"
+    if mode not in _MODES:
+        raise ConfigError(f"{PREPACK_ENV}: unknown value {mode!r}; use {' or '.join(_MODES)}")
+    return mode
+
+
+@functools.cache
+def prepack_status() -> tuple[bool, str]:
+    """Whether this PyTorch build and CPU can run packed bfloat16 linears, and why not."""
+    if not torch.backends.mkldnn.is_available() or _linear is None:
+        return False, "PyTorch was built without oneDNN linear packing"
+    try:
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False, "this CPU has no oneDNN bfloat16 kernels"
+        weight = torch.randn(24, 16).to(torch.bfloat16)
+        inputs = torch.randn(3, 16).to(torch.bfloat16)
+        packed = _linear(inputs, _reorder(weight, 1), None, "none", _NO_SCALARS, "")
+    except (AttributeError, RuntimeError) as exc:
+        return False, f"oneDNN linear packing failed: {type(exc).__name__}: {exc}"
+    if not torch.allclose(packed.float(), F.linear(inputs, weight).float(), atol=1e-2, rtol=1e-2):
+        return False, "oneDNN packed linear disagrees with F.linear"
+    return True, "oneDNN bfloat16"
+
+
+def prepack_linears(module: nn.Module) -> int:
+    """Make every bfloat16 CPU ``nn.Linear`` in ``module`` a :class:`PrepackedLinear`, in place.
+
+    :param module: a model or draft head, already on its device and in its dtype.
+    :return: how many of its layers are :class:`PrepackedLinear` now (switched by this call or an
+        earlier one); none are switched when ``SPECDEC_PREPACK=off`` or when packing cannot run
+        here (:func:`prepack_status`).
+    """
+    layers = [
+        m for m in module.modules()
+        if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16
+    ]
+    if layers and prepack_mode() == "auto":
+        usable, reason = prepack_status()
+        if usable:
+            for layer in layers:
+                layer.__class__ = PrepackedLinear
+        else:
+            log.info("linear weights stay unpacked: %s", reason)
+    return sum(isinstance(m, PrepackedLinear) for m in module.modules())

@@ -1,0 +1,129 @@
+"""Prepacked bfloat16 linears compute what ``F.linear`` does, only where that is the same
+computation, follow weight changes, and can be switched off."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from specdec.errors import ConfigError
+from specdec.prepacked_linear import PREPACK_ENV, PrepackedLinear, prepack_linears, prepack_status
+from specdec.runner import ModelRunner
+
+needs_packing = pytest.mark.skipif(not prepack_status()[0], reason=f"no packed bf16 linears here: {prepack_status()[1]}")
+
+
+def _layers(dtype: torch.dtype = torch.bfloat16, bias: bool = True) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 96, bias=bias), torch.nn.ReLU(), torch.nn.Linear(96, 40)).to(dtype)
+
+
+def _reference(model: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    hidden = torch.relu(F.linear(x, model[0].weight, model[0].bias))
+    return F.linear(hidden, model[2].weight, model[2].bias)
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(1, 64), (13, 64), (2, 5, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_layers_match_f_linear(shape, bias):
+    """One-token, multi-token and batched 3-D inputs, with and without bias, use the packed weight
+    and give F.linear's outputs (to bfloat16 rounding)."""
+    model = _layers(bias=bias)
+    assert prepack_linears(model) == 2
+    assert all(type(model[i]) is PrepackedLinear for i in (0, 2))
+    x = torch.randn(shape).to(torch.bfloat16)
+    with torch.inference_mode():
+        out = model(x)
+    assert model[0]._packed is not None and model[2]._packed is not None
+    torch.testing.assert_close(out.float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
+    assert set(model[0].state_dict()) == ({"weight", "bias"} if bias else {"weight"})
+
+
+@needs_packing
+def test_training_and_other_dtypes_use_f_linear():
+    """With autograd on, a layer runs F.linear and gradients flow; a layer later cast to float32
+    runs F.linear too."""
+    model = _layers()
+    prepack_linears(model)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    model(x).float().sum().backward()
+    assert model[0].weight.grad is not None and model[0]._packed is None
+    model.float()
+    x = x.float()
+    with torch.inference_mode():
+        assert torch.equal(model(x), _reference(model, x))
+    assert model[0]._packed is None
+
+
+@needs_packing
+def test_packed_weight_follows_weight_changes():
+    """An in-place update or a replaced weight repacks, so outputs never come from stale weights."""
+    model = _layers()
+    prepack_linears(model)
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        before = model(x)
+    with torch.no_grad():
+        model[2].weight.mul_(-1)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x).float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
+    model[0].weight = torch.nn.Parameter(torch.zeros_like(model[0].weight))
+    with torch.inference_mode():
+        after = model(x)
+    torch.testing.assert_close(after.float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
+    assert not torch.equal(before, after)
+
+
+@needs_packing
+def test_copies_and_pickles_repack():
+    model = _layers()
+    prepack_linears(model)
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        out = model(x)
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(other[0]) is PrepackedLinear
+        with torch.inference_mode():
+            assert torch.equal(other(x), out)
+        assert other[0]._packed is not None
+
+
+def test_float32_layers_and_off_are_left_alone(monkeypatch):
+    assert prepack_linears(_layers(torch.float32)) == 0
+    monkeypatch.setenv(PREPACK_ENV, "off")
+    model = _layers()
+    assert prepack_linears(model) == 0
+    assert type(model[0]) is torch.nn.Linear
+
+
+def test_unknown_mode_names_the_variable(monkeypatch):
+    monkeypatch.setenv(PREPACK_ENV, "always")
+    with pytest.raises(ConfigError, match=f"{PREPACK_ENV}: unknown value 'always'"):
+        prepack_linears(_layers())
+
+
+@needs_packing
+def test_runner_packs_bf16_targets_and_keeps_their_logits(tiny, monkeypatch):
+    """A bfloat16 target's every linear layer is packed by the runner; its forwards (prefill, one
+    token, a draft tree) give the logits of the unpacked model to bfloat16 rounding."""
+    packed = ModelRunner(copy.deepcopy(tiny.model).to(torch.bfloat16))
+    linears = sum(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
+    assert packed.prepacked_linears == linears > 0
+    monkeypatch.setenv(PREPACK_ENV, "off")
+    plain = ModelRunner(copy.deepcopy(tiny.model).to(torch.bfloat16))
+    assert plain.prepacked_linears == 0
+    assert ModelRunner(copy.deepcopy(tiny.model)).prepacked_linears == 0
+    prompt = tiny.encode("hello there, how are you?")
+    outputs = []
+    for runner in (packed, plain):
+        cache = runner.new_cache()
+        steps = [runner.forward(cache, prompt).logits, runner.forward(cache, [5]).logits]
+        steps += [o.logits for o in runner.forward_rows(cache, [[6, 7, 8, 9]], parents=[[-1, 0, 0, 1]])]
+        outputs.append(steps)
+    for mine, theirs in zip(*outputs):
+        torch.testing.assert_close(mine, theirs, atol=5e-2, rtol=5e-2)
