@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from specdec.attention import PACKED_SDPA, packed_gqa_attention
+from specdec.attention import PACKED_SDPA, grouped_query_attention, packed_gqa_attention
 from specdec.runner import ModelRunner
 
 
@@ -33,6 +33,33 @@ def test_packed_attention_equals_attention_over_repeated_heads(per_head, boolean
     torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-6, rtol=1e-6)
 
 
+def test_single_token_without_mask_folds_heads():
+    """Plain decoding's one query token with no mask (transformers would pass ``enable_gqa``, which
+    PyTorch's CPU attention serves by repeating the keys and values) attends like repeated heads."""
+    torch.manual_seed(0)
+    query = torch.randn(2, 6, 1, 8)
+    key, value = torch.randn(2, 2, 13, 8), torch.randn(2, 2, 13, 8)
+    out, _ = packed_gqa_attention(_Grouped(), query, key, value, None, scaling=0.3)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 3), repeat_kv(value, 3), scale=0.3)
+    torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mask_shape", [None, (4, 13), (1, 1, 4, 13), (2, 6, 4, 13)])
+def test_grouped_query_attention_equals_repeated_heads(mask_shape):
+    """The public helper (draft heads use it) takes no mask, a 2-D causal-style mask, a shared
+    4-D mask or a per-head one, and attends as keys and values repeated per head do."""
+    torch.manual_seed(0)
+    query = torch.randn(2, 6, 4, 8)
+    key, value = torch.randn(2, 2, 13, 8), torch.randn(2, 2, 13, 8)
+    mask = None
+    if mask_shape is not None:
+        mask = torch.rand(mask_shape) < 0.7
+        mask[..., 0] = True
+    out = grouped_query_attention(query, key, value, mask)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+
+
 def test_runner_switches_sdpa_models_only(tiny):
     model = copy.deepcopy(tiny.model)
     ModelRunner(model)
@@ -44,7 +71,7 @@ def test_runner_switches_sdpa_models_only(tiny):
 
 
 def test_runner_forwards_match_transformers_sdpa(tiny):
-    """Batch-1 verify forwards over a cache (transformers builds their causal mask), ragged batched
+    """Batch-1 one-token and verify forwards over a cache (transformers builds the latter's causal mask), ragged batched
     rows and draft trees give the logits of the same model on transformers' own ``sdpa``."""
     assert tiny.model.config._attn_implementation == "sdpa"
     runner = ModelRunner(copy.deepcopy(tiny.model))
@@ -62,7 +89,8 @@ def test_runner_forwards_match_transformers_sdpa(tiny):
     def batch_1():
         cache = runner.new_cache()
         runner.forward(cache, prompts[0])
-        return runner.forward(cache, [4, 9, 11, 6]).logits
+        one = runner.forward(cache, [7]).logits
+        return torch.cat([one, runner.forward(cache, [4, 9, 11, 6]).logits])
 
     def batched():
         cache = runner.new_cache(3)

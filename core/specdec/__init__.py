@@ -1,5 +1,6 @@
 """specdec: lossless speculative decoding for Hugging Face transformers models."""
 
+from specdec.attention import grouped_query_attention
 from specdec.builtin.user_provided import UserProvidedDecodingConfig
 from specdec.config import DraftingConfig, PlainDecodingConfig, SpeculativeConfig
 from specdec.errors import ConfigError, PluginError, SpecdecError, UnknownMethodError
@@ -30,6 +31,7 @@ __all__ = [
     "UserProvidedDecodingConfig",
     "VerifyResult",
     "greedy_tokens",
+    "grouped_query_attention",
     "hookimpl",
     "logits_to_probs",
     "prepack_linears",

@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from specdec import grouped_query_attention
 
 
 @dataclass
@@ -162,7 +163,7 @@ class Eagle3Attention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
         if cache is not None:
             k, v = cache.append(k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
+        out = grouped_query_attention(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
