@@ -209,12 +209,14 @@ class Eagle3Resources(ResourceManager):
     def _choose(self, draft_logits: torch.Tensor, request: Request) -> tuple[int, torch.Tensor | None]:
         """Pick a target token from draft-vocabulary logits; sampled picks return their distribution.
 
-        The draft logits are placed at their target ids (``-inf`` elsewhere) and shaped by the
-        request's own temperature / top-k / top-p, so ``q`` is zero outside the draft vocabulary.
+        A greedy pick is the draft vocabulary's argmax, mapped to its target id. For a sampled
+        pick the draft logits are placed at their target ids (``-inf`` elsewhere) and shaped by
+        the request's own temperature / top-k / top-p, so ``q`` is zero outside the draft
+        vocabulary.
         """
+        if request.params.greedy:
+            return int(self.draft_ids[greedy_tokens(draft_logits)]), None
         logits = draft_logits.float().new_full((self.vocab_size,), float("-inf"))
         logits[self.draft_ids] = draft_logits.float()
-        if request.params.greedy:
-            return int(greedy_tokens(logits)), None
         dist = logits_to_probs(logits, request.params)
         return sample(dist, request.generator), dist
