@@ -60,6 +60,33 @@ def test_grouped_query_attention_equals_repeated_heads(mask_shape):
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
 
 
+def test_layers_sharing_a_mask_fold_it_once_and_never_stale():
+    """Layers of one forward pass the same mask object: the folded copy is reused for it, and only
+    for it: a new mask, or the same one changed in place, gives its own attention."""
+    torch.manual_seed(0)
+    query = torch.randn(1, 6, 4, 8)
+    key, value = torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+
+    def expected(mask):
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask
+        ).transpose(1, 2)
+
+    def attend(mask):
+        return packed_gqa_attention(_Grouped(), query, key, value, mask)[0]
+
+    mask = torch.zeros(1, 1, 4, 9)
+    mask[..., 5:] = torch.finfo(torch.float32).min
+    first = attend(mask)
+    assert torch.equal(attend(mask), first)
+    torch.testing.assert_close(first, expected(mask), atol=1e-6, rtol=1e-6)
+    other = torch.zeros(1, 1, 4, 9)
+    torch.testing.assert_close(attend(other), expected(other), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(attend(mask), expected(mask), atol=1e-6, rtol=1e-6)
+    mask[..., 5:] = 0.0
+    torch.testing.assert_close(attend(mask), expected(mask), atol=1e-6, rtol=1e-6)
+
+
 def test_runner_switches_sdpa_models_only(tiny):
     model = copy.deepcopy(tiny.model)
     ModelRunner(model)
