@@ -27,6 +27,22 @@ def _reference(model: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
     return F.linear(hidden, model[2].weight, model[2].bias)
 
 
+def _packed_run(rows: int) -> tuple[torch.nn.Sequential, torch.Tensor, torch.Tensor]:
+    """Packed bfloat16 layers, an input of ``rows`` rows, and their output under inference mode."""
+    model = _layers()
+    prepack_linears(model)
+    x = torch.randn(rows, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        return model, x, model(x)
+
+
+def _assert_like_f_linear(model: torch.nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        out = model(x)
+    torch.testing.assert_close(out.float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
+    return out
+
+
 @needs_packing
 @pytest.mark.parametrize("shape", [(1, 64), (13, 64), (2, 5, 64)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -36,11 +52,8 @@ def test_packed_layers_match_f_linear(shape, bias):
     model = _layers(bias=bias)
     assert prepack_linears(model) == 2
     assert all(type(model[i]) is PrepackedLinear for i in (0, 2))
-    x = torch.randn(shape).to(torch.bfloat16)
-    with torch.inference_mode():
-        out = model(x)
+    _assert_like_f_linear(model, torch.randn(shape).to(torch.bfloat16))
     assert model[0]._packed is not None and model[2]._packed is not None
-    torch.testing.assert_close(out.float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
     assert set(model[0].state_dict()) == ({"weight", "bias"} if bias else {"weight"})
 
 
@@ -63,29 +76,20 @@ def test_training_and_other_dtypes_use_f_linear():
 @needs_packing
 def test_packed_weight_follows_weight_changes():
     """An in-place update or a replaced weight repacks, so outputs never come from stale weights."""
-    model = _layers()
-    prepack_linears(model)
-    x = torch.randn(4, 64).to(torch.bfloat16)
-    with torch.inference_mode():
-        before = model(x)
+    model, x, before = _packed_run(4)
     with torch.no_grad():
         model[2].weight.mul_(-1)
-    with torch.inference_mode():
-        torch.testing.assert_close(model(x).float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
+    _assert_like_f_linear(model, x)
     model[0].weight = torch.nn.Parameter(torch.zeros_like(model[0].weight))
-    with torch.inference_mode():
-        after = model(x)
-    torch.testing.assert_close(after.float(), _reference(model, x).float(), atol=2e-2, rtol=2e-2)
+    after = _assert_like_f_linear(model, x)
     assert not torch.equal(before, after)
 
 
 @needs_packing
 def test_copies_and_pickles_repack():
-    model = _layers()
-    prepack_linears(model)
-    x = torch.randn(2, 64).to(torch.bfloat16)
-    with torch.inference_mode():
-        out = model(x)
+    """A deep copy or an unpickled copy of used packed layers (whose packed weight cannot be
+    copied) packs its own and computes the same."""
+    model, x, out = _packed_run(2)
     for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert type(other[0]) is PrepackedLinear
         with torch.inference_mode():
@@ -103,7 +107,7 @@ def test_float32_layers_and_off_are_left_alone(monkeypatch):
 
 def test_unknown_mode_names_the_variable(monkeypatch):
     monkeypatch.setenv(PREPACK_ENV, "always")
-    with pytest.raises(ConfigError, match=f"{PREPACK_ENV}: unknown value 'always'"):
+    with pytest.raises(ConfigError, match=f"{PREPACK_ENV}: expected one of auto, off, got 'always'"):
         prepack_linears(_layers())
 
 

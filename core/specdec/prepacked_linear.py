@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specdec.errors import ConfigError
+from specdec.environment import env_choice
 
 PREPACK_ENV = "SPECDEC_PREPACK"
 _MODES = ("auto", "off")
@@ -81,10 +80,7 @@ class PrepackedLinear(nn.Linear):
 
 def prepack_mode() -> str:
     """``SPECDEC_PREPACK``, checked: ``auto`` or ``off``."""
-    mode = os.environ.get(PREPACK_ENV, "auto").strip().lower() or "auto"
-    if mode not in _MODES:
-        raise ConfigError(f"{PREPACK_ENV}: unknown value {mode!r}; use {' or '.join(_MODES)}")
-    return mode
+    return env_choice(PREPACK_ENV, _MODES)
 
 
 @functools.cache

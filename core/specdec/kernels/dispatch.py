@@ -23,7 +23,8 @@ from types import ModuleType
 
 import torch
 
-from specdec.errors import ConfigError, SpecdecError
+from specdec.environment import env_choice
+from specdec.errors import SpecdecError
 
 BACKEND_ENV = "SPECDEC_VERIFY_BACKEND"
 BACKENDS = ("auto", "torch", "triton")
@@ -42,10 +43,7 @@ class TritonStatus:
 
 def requested_backend() -> str:
     """The backend ``SPECDEC_VERIFY_BACKEND`` asks for (``auto`` when unset)."""
-    value = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if value not in BACKENDS:
-        raise ConfigError(f"{BACKEND_ENV}: expected one of {', '.join(BACKENDS)}, got {value!r}")
-    return value
+    return env_choice(BACKEND_ENV, BACKENDS)
 
 
 @functools.cache
