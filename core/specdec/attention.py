@@ -1,4 +1,4 @@
-"""Grouped-query attention for multi-token forwards that reads each key/value head once.
+"""Grouped-query attention that reads each key/value head once.
 
 A verify forward appends several tokens per request and passes an attention mask (per-row cache
 lengths, draft trees). For such a forward, transformers' ``sdpa`` attention copies every cached key
@@ -13,8 +13,8 @@ At 800 tokens of context that took 458 us per layer in bfloat16 against 89 us wi
 folded, about 11 ms of a 47 ms SmolLM2 forward.
 
 :func:`packed_gqa_attention` folds the queries of a group's ``g`` heads into ``g * q`` rows
-attending to their one key/value head, the mask repeated to match, for any number of query
-tokens. Each row's attention is the same computation as before, so the outputs agree to
+attending to their one key/value head, the mask repeated to match (once per forward), for any
+number of query tokens. Each row's attention is the same computation as before, so the outputs agree to
 floating-point summation order. Anything else (several query tokens without a mask, which
 transformers runs as causal attention; no grouping; position bias; dropout) goes to
 transformers' own ``sdpa`` function unchanged.
@@ -57,7 +57,7 @@ def packed_gqa_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     folded = None
     if attention_mask is not None:
-        folded = _folded_masks.get(attention_mask, query.shape[2], key.shape[1], groups)
+        folded = _folded_masks.get(attention_mask, length, key.shape[1], groups)
     out = _attend_folded(query, key, value, folded, kwargs.get("scaling"))
     return out.transpose(1, 2).contiguous(), None
 
