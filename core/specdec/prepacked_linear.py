@@ -10,8 +10,8 @@ one token and 3.1 ms instead of 6.7 ms for 13, and a whole one-token forward 34 
 stay ratios of like with like.
 
 :func:`prepack_linears` turns a module's ``nn.Linear`` layers into :class:`PrepackedLinear`
-(same parameters, same ``state_dict``). A layer uses its packed copy only where that is the same
-computation: a CPU input of the weight's dtype with autograd off (``torch.inference_mode`` or
+(same parameters, same ``state_dict``). A layer uses its packed copy only for inference in
+bfloat16 on CPU: a CPU input of the weight's dtype with autograd off (``torch.inference_mode`` or
 ``torch.no_grad``); anything else (training, another device or dtype, a weight created under
 ``torch.inference_mode``, whose changes PyTorch does not count) runs ``F.linear``. The copy is
 rebuilt when the weight is replaced or changed in place. It costs the layer's weight size again
@@ -43,7 +43,6 @@ try:
 except (AttributeError, RuntimeError):
     _reorder = _linear = None
 _NO_SCALARS: list[float] = []
-
 
 
 class PrepackedLinear(nn.Linear):
