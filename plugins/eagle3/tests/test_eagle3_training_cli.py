@@ -153,6 +153,7 @@ def test_online_fit(files: dict[str, Path]) -> None:
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x"], "no index.json (not a dump"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--steps", "0"], "--steps: must be positive"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--loss-decay", "1.5"], "--loss-decay: must be in (0, 1]"),
+    (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--argmax-weight", "-0.1"], "--argmax-weight: must be in [0, 1]"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--heldout", "-1"], "--heldout and --eval-every must be >= 0"),
     (["train", "eagle3", "fit", "--offline-data", ".", "--output", "x", "--heldout", "2", "--heldout-data", "."],
      "--heldout and --heldout-data are alternatives; give one"),

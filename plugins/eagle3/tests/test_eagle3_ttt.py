@@ -107,6 +107,29 @@ def test_steps_past_zero_run_only_where_scored_and_stay_exact() -> None:
         torch.testing.assert_close(result.losses[k], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_argmax_weight_mixes_in_the_cross_entropy_with_the_greedy_token() -> None:
+    """With ``argmax_weight`` w each step's loss is (1 - w) x the distribution's cross-entropy plus
+    w x the cross-entropy with the target's argmax, which step 0 shows by hand."""
+    target = tiny_target()
+    head = _head(target, draft_vocab=36)  # the full vocabulary, in order: draft id = target id
+    ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11, 4, 6]])
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    mask[0, 2:] = True
+    with torch.no_grad():
+        out = target.model(ids, output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)
+    embed = target.model.get_input_embeddings()
+    argmax = out.logits.argmax(-1)
+    soft, hard, mixed = (ttt_forward(head, embed, ids, mask, features, out.logits, argmax, 3, argmax_weight=w)
+                         for w in (0.0, 1.0, 0.25))
+    logq = torch.log_softmax(head.logits(hard.hiddens[0][0, :8]), -1)  # positions 0..7 predict tokens 2..9
+    expected = -logq.gather(1, argmax[0, 1:9, None]).mean()
+    torch.testing.assert_close(hard.losses[0], expected, atol=1e-5, rtol=1e-5)
+    for k in range(3):
+        assert not torch.isclose(soft.losses[k], hard.losses[k])
+        torch.testing.assert_close(mixed.losses[k], 0.75 * soft.losses[k] + 0.25 * hard.losses[k], atol=1e-5, rtol=1e-5)
+
+
 def test_loss_counts_reply_tokens_the_draft_vocabulary_can_hit() -> None:
     """Step k scores position t when token t + 2 + k is a reply token and the target's argmax for it
     is in the draft vocabulary; later steps score fewer positions; the decayed sum backpropagates."""

@@ -133,6 +133,9 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
               help="Draft vocabulary size (default: min(32000, target vocabulary)); with --init-head, recalibrate to this size.")
 @click.option("--ttt-steps", type=click.IntRange(1, 16), default=7, show_default=True, help="Unrolled training-time-test steps.")
 @click.option("--loss-decay", type=float, default=0.8, show_default=True, help="Weight of step k's loss: decay ** k.")
+@click.option("--argmax-weight", type=float, default=0.0, show_default=True,
+              help="Share of each step's loss that is the cross-entropy with the target's greedy token instead of its "
+                   "whole distribution (0: EAGLE-3's loss). Greedy drafting is judged only on that token.")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (default: one epoch).")
 @click.option("--epochs", type=int, default=None, help="Passes over the data (instead of --steps).")
 @click.option("--batch-size", type=int, default=4, show_default=True, help="Conversations per step and process.")
@@ -163,7 +166,7 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
               help="Batch conversations of similar length together (less padding to compute) rather than at random.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
-                steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout, export_dtype, save_every,
+                argmax_weight, steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout, export_dtype, save_every,
                 heldout, heldout_data, eval_every, precision, group_by_length, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
@@ -173,6 +176,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
     _positive(steps=steps, epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length, draft_vocab_size=draft_vocab_size)
     if not 0 < loss_decay <= 1:
         raise ConfigError(f"--loss-decay: must be in (0, 1], got {loss_decay}")
+    if not 0 <= argmax_weight <= 1:
+        raise ConfigError(f"--argmax-weight: must be in [0, 1], got {argmax_weight}")
     if warmup < 0 or save_every < 0 or heldout < 0 or eval_every < 0:
         raise ConfigError("--warmup, --save-every, --heldout and --eval-every must be >= 0")
     if heldout and heldout_data:
@@ -250,7 +255,8 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         if precision == "auto":
             bf16 = every_rank(bf16, world)  # one precision for all ranks, even on mixed devices
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
-                             ttt_steps=ttt_steps, loss_decay=loss_decay, seed=seed, save_every=save_every, eval_every=eval_every,
+                             ttt_steps=ttt_steps, loss_decay=loss_decay, argmax_weight=argmax_weight, seed=seed,
+                             save_every=save_every, eval_every=eval_every,
                              group_by_length=group_by_length, bf16=bf16)
         held_note = ""
         if held_out is not None:

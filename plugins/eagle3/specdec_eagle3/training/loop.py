@@ -115,6 +115,8 @@ class FitOptions:
     warmup: int = 0
     ttt_steps: int = 7
     loss_decay: float = 0.8
+    #: Share of each step's loss that is the cross-entropy with the target's greedy token.
+    argmax_weight: float = 0.0
     max_grad_norm: float = 0.5
     seed: int = 0
     save_every: int = 0
@@ -205,7 +207,7 @@ def fit(
             epoch += 1
             batches = iter(loader)
             batch = next(batches)
-        result = _unroll(head, source, batch, options.ttt_steps, options.bf16)
+        result = _unroll(head, source, batch, options.ttt_steps, options.bf16, options.argmax_weight)
         loss = result.total(options.loss_decay)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -249,13 +251,14 @@ def evaluate(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, o
     return Evaluation(agreement(totals[:k], totals[k : 2 * k]), 1 + accepted / steps if steps else 1.0)
 
 
-def _unroll(head: Eagle3Head, source: Any, batch: dict[str, torch.Tensor], steps: int, bf16: bool) -> TTTResult:
+def _unroll(head: Eagle3Head, source: Any, batch: dict[str, torch.Tensor], steps: int, bf16: bool,
+            argmax_weight: float = 0.0) -> TTTResult:
     """The training-time test on one collated batch: the target's signals, then the head unrolled
     (under bfloat16 autocast with ``bf16``)."""
     signals = source.signals(batch)
     with torch.autocast(signals.input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         return ttt_forward(head, source.embed, signals.input_ids, signals.loss_mask, signals.features,
-                           signals.draft_logits, signals.target_argmax, steps)
+                           signals.draft_logits, signals.target_argmax, steps, argmax_weight)
 
 
 def export(head: Eagle3Head, output: str, layout: Literal["safeailab", "speculators"], dtype: torch.dtype,

@@ -18,7 +18,9 @@ in the EAGLE-3 authors' ``cnets.py`` and ModelOpt's ``eagle_ttt_steps``.
 The loss of each step is the cross-entropy from the target's next-token distribution restricted
 to the draft vocabulary (renormalized) to the head's, on positions whose predicted token is an
 assistant token and whose target argmax lies in the draft vocabulary; step ``k`` is weighted
-``decay ** k`` (0.8 in the authors' code, 0.9 in ModelOpt).
+``decay ** k`` (0.8 in the authors' code, 0.9 in ModelOpt). ``argmax_weight`` mixes in the
+cross-entropy with the target's greedy token: greedy drafting is judged only on that token, and a
+one-layer head cannot match the whole distribution of the target anyway.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ def ttt_forward(
     draft_logits: torch.Tensor,
     target_argmax: torch.Tensor,
     steps: int,
+    argmax_weight: float = 0.0,
 ) -> TTTResult:
     """Unroll ``head`` for ``steps`` steps over a right-padded batch.
 
@@ -168,6 +171,8 @@ def ttt_forward(
     :param draft_logits: ``[B, T, draft_vocab]`` the target's logits at each position, restricted
         to the draft vocabulary (columns in draft-id order).
     :param target_argmax: ``[B, T]`` the target's greedy next token over its full vocabulary.
+    :param argmax_weight: share of each step's loss that is the cross-entropy with the target's
+        greedy token (in the draft vocabulary) rather than with its whole distribution.
     """
     batch, length = input_ids.shape
     device = input_ids.device
@@ -203,7 +208,9 @@ def ttt_forward(
         at = (owner[scored], source[scored])
         logq = torch.log_softmax(head.logits(hidden[scored]).float(), dim=-1)
         count = int(scored.sum())
-        result.losses.append(-(target_p[at] * logq).sum() / max(count, 1))
+        soft = -(target_p[at] * logq).sum()
+        hard = -logq.gather(1, target_pick[at][:, None]).sum() if argmax_weight else 0.0
+        result.losses.append(((1 - argmax_weight) * soft + argmax_weight * hard) / max(count, 1))
         with torch.no_grad():
             agree = greedy_tokens(logq) == target_pick[at]
             result.hits[owner[scored], rows[scored], k] = agree
