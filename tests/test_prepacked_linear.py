@@ -11,10 +11,10 @@ import torch
 from torch.nn import functional as F
 
 from specdec.errors import ConfigError
-from specdec.prepacked_linear import PREPACK_ENV, PrepackedLinear, prepack_linears, prepack_status
+from specdec.prepacked_linear import PREPACK_ENV, PrepackedLinear, prepack_linears
 from specdec.runner import ModelRunner
+from specdec.testing import needs_prepacked_linears
 
-needs_packing = pytest.mark.skipif(not prepack_status()[0], reason=f"no packed bf16 linears here: {prepack_status()[1]}")
 
 
 def _layers(dtype: torch.dtype = torch.bfloat16, bias: bool = True) -> torch.nn.Sequential:
@@ -43,7 +43,7 @@ def _assert_like_f_linear(model: torch.nn.Sequential, x: torch.Tensor) -> torch.
     return out
 
 
-@needs_packing
+@needs_prepacked_linears
 @pytest.mark.parametrize("shape", [(1, 64), (13, 64), (2, 5, 64)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_packed_layers_match_f_linear(shape, bias):
@@ -57,7 +57,7 @@ def test_packed_layers_match_f_linear(shape, bias):
     assert set(model[0].state_dict()) == ({"weight", "bias"} if bias else {"weight"})
 
 
-@needs_packing
+@needs_prepacked_linears
 def test_training_and_other_dtypes_use_f_linear():
     """With autograd on, a layer runs F.linear and gradients flow; a layer later cast to float32
     runs F.linear too."""
@@ -73,7 +73,7 @@ def test_training_and_other_dtypes_use_f_linear():
     assert model[0]._packed is None
 
 
-@needs_packing
+@needs_prepacked_linears
 def test_packed_weight_follows_weight_changes():
     """An in-place update or a replaced weight repacks, so outputs never come from stale weights."""
     model, x, before = _packed_run(4)
@@ -85,7 +85,7 @@ def test_packed_weight_follows_weight_changes():
     assert not torch.equal(before, after)
 
 
-@needs_packing
+@needs_prepacked_linears
 def test_copies_and_pickles_repack():
     """A deep copy or an unpickled copy of used packed layers (whose packed weight cannot be
     copied) packs its own and computes the same."""
@@ -111,7 +111,7 @@ def test_unknown_mode_names_the_variable(monkeypatch):
         prepack_linears(_layers())
 
 
-@needs_packing
+@needs_prepacked_linears
 def test_runner_packs_bf16_targets_and_keeps_their_logits(tiny, monkeypatch):
     """A bfloat16 target's every linear layer is packed by the runner; its forwards (prefill, one
     token, a draft tree) give the logits of the unpacked model to bfloat16 rounding."""

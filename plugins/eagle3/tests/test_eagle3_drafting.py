@@ -11,8 +11,8 @@ from eagle3_tiny import fitted_head, head_config
 
 from specdec import LLM, SamplingParams
 from specdec.errors import SpecdecError
-from specdec.prepacked_linear import PrepackedLinear, prepack_status
-from specdec.testing import make_tiny_target
+from specdec.prepacked_linear import PrepackedLinear
+from specdec.testing import make_tiny_target, needs_prepacked_linears
 from specdec_eagle3 import Eagle3Head, save_head
 from specdec_eagle3.drafter import Eagle3Resources
 
@@ -114,7 +114,7 @@ def test_sampled_drafts_carry_their_distribution(target, fitted_dir, monkeypatch
         assert all(probs[i, t] > 0 for i, t in enumerate(drafts))
 
 
-@pytest.mark.skipif(not prepack_status()[0], reason=f"no packed bf16 linears here: {prepack_status()[1]}")
+@needs_prepacked_linears
 def test_bf16_head_multiplies_by_prepacked_weights(target, fitted_dir) -> None:
     """On CPU in bfloat16 the head's linear layers (fc, attention, MLP, lm_head) run prepacked,
     like the target's, and drafting with them still has drafts accepted."""
