@@ -166,8 +166,8 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
               help="Batch conversations of similar length together (less padding to compute) rather than at random.")
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
-                argmax_weight, steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout, export_dtype, save_every,
-                heldout, heldout_data, eval_every, precision, group_by_length, seed) -> None:
+                argmax_weight, steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout,
+                export_dtype, save_every, heldout, heldout_data, eval_every, precision, group_by_length, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
