@@ -16,7 +16,6 @@ from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears
 
 
-
 def _layers(dtype: torch.dtype = torch.bfloat16, bias: bool = True) -> torch.nn.Sequential:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 96, bias=bias), torch.nn.ReLU(), torch.nn.Linear(96, 40)).to(dtype)

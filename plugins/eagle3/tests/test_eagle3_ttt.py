@@ -107,17 +107,23 @@ def test_steps_past_zero_run_only_where_scored_and_stay_exact() -> None:
         torch.testing.assert_close(result.losses[k], expected, atol=1e-5, rtol=1e-5)
 
 
-def test_argmax_weight_mixes_in_the_cross_entropy_with_the_greedy_token() -> None:
-    """With ``argmax_weight`` w each step's loss is (1 - w) x the distribution's cross-entropy plus
-    w x the cross-entropy with the target's argmax, which step 0 shows by hand."""
-    target = tiny_target()
-    head = _head(target, draft_vocab=36)  # the full vocabulary, in order: draft id = target id
+def _reply_batch(target):
+    """Ten tokens whose last eight are the reply, with the tiny target's features and logits."""
     ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11, 4, 6]])
     mask = torch.zeros_like(ids, dtype=torch.bool)
     mask[0, 2:] = True
     with torch.no_grad():
         out = target.model(ids, output_hidden_states=True)
     features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)
+    return ids, mask, features, out
+
+
+def test_argmax_weight_mixes_in_the_cross_entropy_with_the_greedy_token() -> None:
+    """With ``argmax_weight`` w each step's loss is (1 - w) x the distribution's cross-entropy plus
+    w x the cross-entropy with the target's argmax, which step 0 shows by hand."""
+    target = tiny_target()
+    head = _head(target, draft_vocab=36)  # the full vocabulary, in order: draft id = target id
+    ids, mask, features, out = _reply_batch(target)
     embed = target.model.get_input_embeddings()
     argmax = out.logits.argmax(-1)
     soft, hard, mixed = (ttt_forward(head, embed, ids, mask, features, out.logits, argmax, 3, argmax_weight=w)
@@ -135,12 +141,7 @@ def test_loss_counts_reply_tokens_the_draft_vocabulary_can_hit() -> None:
     is in the draft vocabulary; later steps score fewer positions; the decayed sum backpropagates."""
     target = tiny_target()
     head = _head(target, draft_vocab=36)  # full vocabulary: every argmax counts
-    ids = torch.tensor([[5, 9, 12, 7, 20, 3, 15, 11, 4, 6]])
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    mask[0, 2:] = True
-    with torch.no_grad():
-        out = target.model(ids, output_hidden_states=True)
-    features = torch.cat([out.hidden_states[i] for i in (0, 1, 2)], dim=-1)
+    ids, mask, features, out = _reply_batch(target)
     result = ttt_forward(head, target.model.get_input_embeddings(), ids, mask, features, out.logits,
                          out.logits.argmax(-1), 3)
     # Positions t with t + 2 + k in 2..9: step 0 -> t in 0..7 (8), step 1 -> 0..6, step 2 -> 0..5.

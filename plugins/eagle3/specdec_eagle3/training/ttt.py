@@ -19,8 +19,7 @@ The loss of each step is the cross-entropy from the target's next-token distribu
 to the draft vocabulary (renormalized) to the head's, on positions whose predicted token is an
 assistant token and whose target argmax lies in the draft vocabulary; step ``k`` is weighted
 ``decay ** k`` (0.8 in the authors' code, 0.9 in ModelOpt). ``argmax_weight`` mixes in the
-cross-entropy with the target's greedy token: greedy drafting is judged only on that token, and a
-one-layer head cannot match the whole distribution of the target anyway.
+cross-entropy with the target's greedy token, the only token greedy drafting is judged on.
 """
 
 from __future__ import annotations
