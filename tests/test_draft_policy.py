@@ -215,8 +215,8 @@ def test_engine_drafts_in_a_draining_batch_only_for_its_end(tiny, ignore_eos):
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate([{"prompt_token_ids": p} for p in prompts], params)
     drafter = PerfectFor(prompts[0], plain[0].token_ids)
     with LLM(tiny.model, UserProvidedDecodingConfig(drafter=drafter, max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
-        llm.engine.forward_costs[2] = everywhere(ForwardCost([1.0, 1.3, 1.3, 1.3, 1.3]))
-        llm.engine.forward_costs[1] = everywhere(ForwardCost([1.0, 1.3, 1.3, 1.3, 1.3]))
+        llm.engine.policy.forward_costs[2] = everywhere(ForwardCost([1.0, 1.3, 1.3, 1.3, 1.3]))
+        llm.engine.policy.forward_costs[1] = everywhere(ForwardCost([1.0, 1.3, 1.3, 1.3, 1.3]))
         got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [g.token_ids for g in got] == [p.token_ids for p in plain]
     assert got[1].metrics.num_drafts == 0
@@ -263,10 +263,10 @@ def test_engine_cuts_drafts_losslessly(tiny):
     params = SamplingParams(max_tokens=40)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": prompt}, params)[0]
     with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 4, "adaptive_window": 64}, tokenizer=tiny.tokenizer) as llm:
-        llm.engine.forward_costs[1] = everywhere(ForwardCost([1.0, 50.0, 50.0, 50.0, 50.0]))
+        llm.engine.policy.forward_costs[1] = everywhere(ForwardCost([1.0, 50.0, 50.0, 50.0, 50.0]))
         never = llm.generate({"prompt_token_ids": prompt}, params)[0]
         assert never.token_ids == plain.token_ids and never.metrics.num_drafts == 0
-        llm.engine.forward_costs[1] = everywhere(ForwardCost([1.0, 3.0, 3.0, 1.0, 1.0]))
+        llm.engine.policy.forward_costs[1] = everywhere(ForwardCost([1.0, 3.0, 3.0, 1.0, 1.0]))
         long_only = llm.generate({"prompt_token_ids": prompt}, params)[0]
         assert long_only.token_ids == plain.token_ids and long_only.metrics.num_drafts > 0
         # Only 3- and 4-token drafts were verified: no draft ever ended at position 1 or 2.

@@ -1,36 +1,49 @@
-"""The speculative decoding loop: draft (plugin) -> one target forward -> verify -> accept.
+"""The request-level engine: requests join and leave between steps; each step drafts (plugin),
+runs one target forward, verifies and accepts, for the whole running batch.
 
 Plain decoding is the same loop with empty drafts, so the baseline and every method share one
-code path and their timings compare fairly.
+code path and their timings compare fairly. How many tokens to draft is not decided here: the
+step asks :class:`~specdec.draft_budget.DraftBudget` for budgets and tells it what happened.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, ResumeCost, StepTime
-from specdec.errors import ConfigError, PluginError, SpecdecError
+from specdec.detokenize import IncrementalDetokenizer
+from specdec.draft_budget import DraftBudget, depth
+from specdec.errors import ConfigError, PluginError, QueueFullError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
-from specdec.requests import DraftProposal, Request, VerifyResult
+from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import TargetContext
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs, sample
 from specdec.stopping import StopChecker, eos_token_ids
 
+T = TypeVar("T")
+
 
 class Engine:
-    """Runs requests in batches of up to ``max_batch_size``; requests join as others finish.
+    """Runs requests in batches of up to ``max_batch_size``; the rest wait, at most
+    ``max_queue_size`` of them (``None``: no bound).
 
-    Every request keeps its own accepted count per step (ragged acceptance), stop conditions and
-    sampling parameters. A request is prefilled alone, then its cache row joins the batch; each
-    step drafts for the whole batch (one hook call), verifies every row in one target forward,
-    and finished requests leave the batch at once.
+    :meth:`add_request` queues a request at any time, :meth:`step` runs one scheduling step and
+    returns what it did for each request (:class:`~specdec.requests.RequestDelta`),
+    :meth:`abort` ends a request and frees its cache row and drafter state at once. Every request
+    keeps its own accepted count per step (ragged acceptance), stop conditions and sampling
+    parameters. A request is prefilled alone, then its cache row joins the batch.
+
+    An exception raised by a plugin during a step ends only the requests it can be tied to
+    (``finish_reason="error"``, the message in ``error``); the others go on, and the engine
+    stays usable. The engine is not thread-safe: call it from one thread.
     """
 
     def __init__(
@@ -40,12 +53,17 @@ class Engine:
         config: SpeculativeConfig,
         registry: PluginRegistry,
         max_batch_size: int = 8,
+        max_queue_size: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {max_batch_size}")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ConfigError(f"max_queue_size: must be at least 1, got {max_queue_size}")
         self.runner = runner
+        self.tokenizer = tokenizer
         self.config = config
         self.max_batch_size = max_batch_size
+        self.max_queue_size = max_queue_size
         self.method = registry.method_for_config(config)
         self.hook = registry.hook
         self.target = TargetContext(runner, tokenizer, runner.device, runner.dtype)
@@ -57,23 +75,132 @@ class Engine:
             raise
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
+        self.policy = DraftBudget(runner, config, self._sync)
+        # The costs of a single request's forwards, before any request can wait for them.
+        with torch.inference_mode():
+            self.policy.measure(1)
+        self.waiting: deque[Request] = deque()
+        #: The batch, row for row with the cache; a finished request keeps its row until the
+        #: next step gives it to a newcomer or drops it.
+        self.running: list[Request] = []
+        self._cache: BatchKVCache | None = None
         self._next_id = 0
-        self._adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
-        #: Measured forward cost by batch size (adaptive draft length only).
-        self.forward_costs: dict[int, ContextCost] = {}
-        #: What verify steps really cost against the warm-up's forward costs, by batch size.
-        self.step_times: dict[int, StepTime] = {}
-        #: Drafting time per drafted token (per round: the longest proposal), by batch size.
-        self.draft_time: dict[int, DraftTime] = {}
-        #: The setup a drafting run pays when drafting resumes after a pause.
-        self.resume_cost = ResumeCost(config.adaptive_window)
-        #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
-        self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
 
     def close(self) -> None:
+        for request in [*self.waiting, *self.running]:
+            if not request.finished:
+                self.abort(request.request_id)
+        self._drop_finished_rows()
         if self.resource_manager is not None:
             self.resource_manager.release()
             self.resource_manager = None
+
+    # -- the request-level API ----------------------------------------------------------------
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """Raise :class:`ConfigError` naming the prompt if it cannot be decoded."""
+        if not prompt_ids:
+            raise ConfigError("prompt: empty (it must hold at least one token)")
+        if not all(0 <= t < self.runner.vocab_size for t in prompt_ids):
+            raise ConfigError(f"prompt: token ids must lie in [0, {self.runner.vocab_size})")
+        if len(prompt_ids) >= self.runner.max_length:
+            raise ConfigError(
+                f"prompt: {len(prompt_ids)} tokens do not fit the model's context of {self.runner.max_length}"
+            )
+
+    def queue_has_room(self) -> bool:
+        return self.max_queue_size is None or len(self.waiting) < self.max_queue_size
+
+    def new_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
+        """A request for ``prompt_ids``, not queued yet (:meth:`enqueue`). Raises
+        :class:`ConfigError` for a prompt that cannot run."""
+        if self.resource_manager is None:
+            raise SpecdecError("this engine has been closed")
+        self.check_prompt(prompt_ids)
+        generator = None
+        if not params.greedy and params.seed is not None:
+            generator = torch.Generator(device="cpu").manual_seed(params.seed)
+        request = Request(self._next_id, [int(t) for t in prompt_ids], len(prompt_ids), params, generator)
+        request.acceptance = self.policy.new_estimate()
+        request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self._next_id += 1
+        return request
+
+    def enqueue(self, request: Request) -> None:
+        """Queue ``request``; it joins the batch at a coming step. Raises :class:`QueueFullError`
+        when ``max_queue_size`` requests already wait."""
+        if not self.queue_has_room():
+            raise QueueFullError(f"the queue is full ({self.max_queue_size} requests wait); retry later")
+        self.waiting.append(request)
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        """Queue a request for ``prompt_ids``; returns its id (see :meth:`new_request`, :meth:`enqueue`)."""
+        request = self.new_request(prompt_ids, params)
+        self.enqueue(request)
+        return request.request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or any(not r.finished for r in self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return sum(not r.finished for r in self.running)
+
+    def abort(self, request_id: int) -> RequestDelta | None:
+        """End a request now: its cache row and the method's state for it are freed at once.
+        Returns its last delta (``finish_reason="abort"``), or ``None`` if it is not running or waiting."""
+        for request in self.waiting:
+            if request.request_id == request_id:
+                self.waiting.remove(request)
+                self._end(request, "abort")
+                return self._delta(request)
+        for request in self.running:
+            if request.request_id == request_id and not request.finished:
+                self._end(request, "abort")
+                self._drop_finished_rows()
+                return self._delta(request)
+        return None
+
+    @torch.inference_mode()
+    def step(self, more_coming: bool = True) -> list[RequestDelta]:
+        """One scheduling step: waiting requests join (prefilled) while the batch has room, then
+        one draft -> verify -> accept round runs for the batch. Returns a delta for every request
+        that was prefilled or ran in the round.
+
+        ``more_coming=False`` promises that no request will be added until the current ones
+        finish (offline ``generate``): a batch that only drains toward known lengths may then
+        plan for its end (see :mod:`specdec.draft_policy`).
+        """
+        if self.resource_manager is None:
+            raise SpecdecError("this engine has been closed")
+        if self._cache is None:
+            self._cache = self.runner.new_cache(rows=0)
+        touched = {r.request_id: r for r in self._refill()}
+        batch = [r for r in self.running if not r.finished]
+        if batch:
+            touched.update((r.request_id, r) for r in batch)
+            try:
+                self._step(draining=not more_coming and not self.waiting)
+            except Exception as exc:  # a failure no plugin hook can be blamed for: the batch ends
+                self._fail_batch(f"the step failed: {type(exc).__name__}: {exc}")
+        if not self.waiting:
+            # Nobody will take the finished rows: free them now rather than at the next step.
+            self._drop_finished_rows()
+        return [self._delta(r) for r in touched.values()]
+
+    def idle_work(self) -> bool:
+        """Do one piece of measurement the policy still wants (forward costs of a batch size);
+        call when no request is pending. Returns ``False`` when nothing is left to do."""
+        pending = self.policy.pending_measurements()
+        if not pending:
+            return False
+        with torch.inference_mode():
+            self.policy.measure(pending[0])
+        return True
 
     @torch.inference_mode()
     def warmup(self, max_batch_size: int = 1) -> None:
@@ -83,176 +210,150 @@ class Engine:
         kernels); benchmarks call this so that cost is not timed. With the adaptive draft length
         on, measuring the forward cost of each batch size does exactly that.
         """
-        for rows in range(1, min(max_batch_size, self.max_batch_size) + 1):
-            if self._adaptive:
-                self._cost(rows)
-                continue
+        rows_up_to = min(max_batch_size, self.max_batch_size)
+        if self.policy.adaptive:
+            self.policy.want(rows_up_to)
+            while self.idle_work():
+                pass
+            return
+        for rows in range(1, rows_up_to + 1):
             cache = self.runner.new_cache(rows)
             self.runner.forward_rows(cache, [[0] * 32] * rows)
             for width in range(1, self.config.max_draft_tokens + 2):
                 self.runner.forward_rows(cache, [[0] * width] * rows)
                 self.runner.rollback(cache, width)
 
-    def _cost(self, rows: int) -> ContextCost:
-        if rows not in self.forward_costs:
-            self.forward_costs[rows] = ContextCost.measure(
-                self.runner, self.config.max_draft_tokens + 1, rows=rows, sync=self._sync
-            )
-        return self.forward_costs[rows]
+    def final_text(self, request: Request) -> str:
+        return self.stops.final_text(request)
 
-    def new_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
-        generator = None
-        if not params.greedy and params.seed is not None:
-            generator = torch.Generator(device="cpu").manual_seed(params.seed)
-        request = Request(self._next_id, list(prompt_ids), len(prompt_ids), params, generator)
-        request.acceptance = AcceptanceEstimate(self.config.adaptive_window, prior=self.acceptance)
-        self._next_id += 1
-        return request
+    # -- scheduling ---------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def generate(self, requests: list[Request]) -> list[Request]:
-        """Run ``requests`` to completion, at most ``max_batch_size`` at a time, in arrival order.
-
-        Every prompt is checked before any work starts, so one bad prompt loses nothing.
-        """
-        if self.resource_manager is None:
-            raise SpecdecError("this LLM has been closed")
-        for request in requests:
-            self._check_prompt(request)
-        waiting = deque(requests)
-        running: list[Request] = []
-        cache = self.runner.new_cache(rows=0)
-        try:
-            while waiting or running:
-                self._refill(waiting, running, cache)
-                if running:
-                    self._step(running, cache, draining=not waiting)
-        finally:
-            for request in running:
-                self._finish(request)
-        return requests
-
-    def _refill(self, waiting: deque[Request], running: list[Request], cache: BatchKVCache) -> None:
-        """Finished requests leave ``running`` and waiting ones join, up to ``max_batch_size``.
+    def _refill(self) -> list[Request]:
+        """Finished requests leave the batch and waiting ones join, up to ``max_batch_size``;
+        returns the requests prefilled.
 
         A newcomer takes a finished request's row in place (:meth:`BatchKVCache.replace_row`);
         rows nobody takes are dropped, and newcomers beyond the free rows join at the end
         together, so the batch's whole cache is copied at most twice per call rather than once
-        per request that leaves or joins. A request is in ``running`` until it is freed, so that
-        ``generate`` frees whatever an error interrupts.
+        per request that leaves or joins.
         """
+        cache, running = self._cache, self.running
         free = [row for row, request in enumerate(running) if request.finished]
         joining: list[tuple[Request, BatchKVCache]] = []
-        try:
-            while waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
-                request = waiting.popleft()
-                row_cache = self._prefill(request)
-                if request.finished:
-                    self._finish(request)
-                elif free:
-                    row = free.pop(0)
-                    cache.replace_row(row, row_cache)
-                    left, running[row] = running[row], request
-                    self._finish(left)
-                else:
-                    joining.append((request, row_cache))
-        except BaseException:
-            for request, _ in joining:
-                self._finish(request)
-            raise
-        if free:
-            left = [running[row] for row in free]
-            dropped = set(free)
-            keep = [row for row in range(len(running)) if row not in dropped]
-            running[:] = [running[row] for row in keep]
-            cache.select_rows(keep)
-            for request in left:
-                self._finish(request)
+        prefilled = []
+        while self.waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
+            request = self.waiting.popleft()
+            prefilled.append(request)
+            row_cache = self._prefill(request)
+            if row_cache is None:
+                continue
+            if free:
+                row = free.pop(0)
+                cache.replace_row(row, row_cache)
+                left, running[row] = running[row], request
+                self._release(left)
+            else:
+                joining.append((request, row_cache))
+        self._drop_finished_rows()
         if joining:
             cache.append_rows(*(row_cache for _, row_cache in joining))
             running.extend(request for request, _ in joining)
+        return prefilled
 
-    def _check_prompt(self, request: Request) -> None:
-        if not request.token_ids:
-            raise ConfigError("prompt: empty (it must hold at least one token)")
-        if not all(0 <= t < self.runner.vocab_size for t in request.token_ids):
-            raise ConfigError(f"prompt: token ids must lie in [0, {self.runner.vocab_size})")
-        if len(request.token_ids) >= self.runner.max_length:
-            raise ConfigError(
-                f"prompt: {len(request.token_ids)} tokens do not fit the model's context of {self.runner.max_length}"
-            )
+    def _drop_finished_rows(self, reason: str | None = None) -> None:
+        """Drop the rows of finished requests (only those that ended for ``reason``, if given)
+        from the batch and the cache, and free what they hold."""
+        leaving = [r.finished and (reason is None or r.finish_reason == reason) for r in self.running]
+        if not any(leaving):
+            return
+        keep = [row for row, gone in enumerate(leaving) if not gone]
+        left = [request for request, gone in zip(self.running, leaving) if gone]
+        if self._cache is not None:
+            self._cache.select_rows(keep)
+        self.running[:] = [self.running[row] for row in keep]
+        for request in left:
+            self._release(request)
 
-    def _prefill(self, request: Request) -> BatchKVCache:
-        """Forward the prompt alone; its first token is chosen and the method sees the request."""
+    def _prefill(self, request: Request) -> BatchKVCache | None:
+        """Forward the prompt alone; its first token is chosen and the method sees the request.
+        Returns the request's cache row, or ``None`` if it already finished (or failed)."""
         start = time.perf_counter()
-        cache = self.runner.new_cache()
-        prefill = self.runner.forward(cache, request.token_ids, last_only=True)
-        request.target_output = prefill
-        self._append(request, [self._pick(prefill.logits[-1], request)])
+        try:
+            cache = self.runner.new_cache()
+            prefill = self.runner.forward(cache, request.token_ids, last_only=True)
+            request.target_output = prefill
+            self._append(request, [self._pick(prefill.logits[-1], request)])
+        except Exception as exc:
+            request.target_output = None
+            self._end(request, "error", f"prefill failed: {type(exc).__name__}: {exc}")
+            return None
         request.metrics.time_prefill = time.perf_counter() - start
-        self.resource_manager.add_request(request)
+        try:
+            self.resource_manager.add_request(request)
+        except Exception as exc:
+            self._end(request, "error", self._plugin_message("add_request", exc))
+        if request.finished:
+            self._release(request)
+            return None
         return cache
 
-    def _finish(self, request: Request) -> None:
-        request.target_output = None
-        self.resource_manager.free_request(request)
+    @staticmethod
+    def _end(request: Request, reason: str, error: str | None = None) -> None:
+        """Mark ``request`` finished; a running one keeps its row until the row is dropped."""
+        request.finished, request.finish_reason, request.error = True, reason, error
 
-    def _step(self, batch: list[Request], cache: BatchKVCache, draining: bool = False) -> None:
+    def _release(self, request: Request) -> None:
+        """Drop what an added request holds: its target output and the method's state for it."""
+        request.target_output = None
+        if self.resource_manager is not None:
+            try:
+                self.resource_manager.free_request(request)
+            except Exception as exc:
+                if request.finish_reason != "error":
+                    request.finish_reason, request.error = "error", self._plugin_message("free_request", exc)
+
+    def _fail_batch(self, message: str) -> None:
+        for request in self.running:
+            if not request.finished:
+                self._end(request, "error", message)
+        self._drop_finished_rows()
+        self._cache = self.runner.new_cache(rows=0)
+
+    def _delta(self, request: Request) -> RequestDelta:
+        new = request.output_ids[request.num_reported :]
+        request.num_reported = request.num_output_tokens
+        metrics = dataclasses.replace(
+            request.metrics, num_accepted_tokens_per_pos=list(request.metrics.num_accepted_tokens_per_pos)
+        )
+        text = request.detokenizer.delta(request.output_ids, request.finished) if request.detokenizer else ""
+        return RequestDelta(
+            request.request_id, new, text, request.finished, request.finish_reason, request.error,
+            request.num_prompt_tokens, metrics,
+        )
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def _step(self, draining: bool) -> None:
         """One draft -> verify -> accept round for every request of the batch.
 
-        ``draining``: no request waits for a row, so the batch only shrinks from here on.
+        ``draining``: no request waits for a row and none will be added, so the batch only
+        shrinks from here on.
         """
-        runner, config = self.runner, self.config
-        limit = config.draft_len_for_batch(len(batch))
-        # Measured once per batch size (at warmup, or here the first time), before the clock starts,
-        # then corrected by what this engine's steps at that batch size have really taken.
-        warmup_cost = self._cost(len(batch)).at(max(cache.lengths)) if self._adaptive and limit > 0 else None
-        step_time = self.step_times.setdefault(len(batch), StepTime()) if warmup_cost is not None else None
-        cost = step_time.correct(warmup_cost) if step_time is not None else None
+        batch, cache, runner = list(self.running), self._cache, self.runner
+        remaining = [self.stops.known_remaining(r) for r in batch] if draining else None
+        plan = self.policy.plan(batch, max(cache.lengths), [self.stops.tokens_left(r) for r in batch], remaining)
         step_start = time.perf_counter()
-        for request in batch:
-            # The step emits one token more than it drafts.
-            request.max_draft_len = max(min(limit, self.stops.tokens_left(request) - 1), 0)
-        if cost is not None:
-            # A draining batch whose lengths are known ends with its slowest request (draft_policy).
-            remaining = [self.stops.known_remaining(r) for r in batch] if draining else [None]
-            remaining = None if None in remaining else remaining
-            # Before drafting: a batch whose recent acceptance does not pay for the drafting and
-            # the wider forward skips the drafter.
-            measured = self.draft_time.get(len(batch))
-            unit = cost.base_seconds
-            draft_cost = measured.seconds / unit if measured is not None and unit else 0.0
-            setup_cost = self.resume_cost.seconds_per_step(len(batch)) / unit if unit else 0.0
-            tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
-            keep = cost.best_length(
-                [r.acceptance for r in batch], [r.max_draft_len for r in batch], draft_cost, tree_depth, setup_cost, remaining
-            )
-            if keep == 0 and measured is not None:
-                measured.fade(config.adaptive_window)
-            for request in batch:
-                request.max_draft_len = min(request.max_draft_len, keep)
-        if any(r.max_draft_len for r in batch):
-            setup, draft_start = self.resource_manager.setup_seconds(), time.perf_counter()
+        for request, budget in zip(batch, plan.budgets):
+            request.max_draft_len = budget
+        proposals = [DraftProposal() for _ in batch]
+        if plan.drafts:
+            setup = self.resource_manager.setup_seconds()
             proposals = self._draft(batch)
-            longest = max(len(p) for p in proposals)
-            if longest:
-                setup = self.resource_manager.setup_seconds() - setup
-                self.resume_cost.drafted(len(batch), setup)
-                elapsed = time.perf_counter() - draft_start - setup
-                if len(batch) in self.draft_time:
-                    self.draft_time[len(batch)].record(elapsed / longest)
-                else:
-                    self.draft_time[len(batch)] = DraftTime(elapsed / longest)
-        else:
-            proposals = [DraftProposal() for _ in batch]
-        if cost is not None and any(len(p) for p in proposals) and all(p.parents is None for p in proposals):
-            # After drafting: the offered lengths are known (an n-gram often offers fewer). A tree
-            # was sized by its method to the budget; cutting it by chain estimates would lose
-            # the branches that make it worth drafting.
-            keep = cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals], remaining=remaining)
-            proposals = [_truncate(p, keep) if len(p) > keep else p for p in proposals]
-        if not any(len(p) for p in proposals):
-            self.resume_cost.paused()
+            batch, proposals = self._survivors(batch, proposals)
+            setup = self.resource_manager.setup_seconds() - setup
+            proposals = self.policy.drafted(plan, batch, proposals, time.perf_counter() - step_start, setup)
+            if not batch:
+                return
         drafted = time.perf_counter()
         rows = [[r.token_ids[-1], *p.token_ids] for r, p in zip(batch, proposals)]
         trees = [None if p.parents is None else [-1, *(q + 1 for q in p.parents)] for p in proposals]
@@ -270,27 +371,21 @@ class Engine:
             request.target_output = output
         results = self._verify(batch, proposals, [o.logits for o in outputs])
         for row, (proposal, result) in enumerate(zip(proposals, results)):
+            if result is None:
+                continue
             path = [starts[row] + 1 + i for i in result.path()]
             if path != list(range(starts[row] + 1, starts[row] + 1 + len(path))):
                 cache.move_entries(row, path, starts[row] + 1)
-        runner.rollback_rows(cache, [len(p) - res.num_accepted for p, res in zip(proposals, results)])
+        runner.rollback_rows(cache, [len(p) - (res.num_accepted if res else 0) for p, res in zip(proposals, results)])
+        batch, proposals, results = self._survivors(batch, proposals, results)
         verified = time.perf_counter()
-        outcomes = []
         for request, proposal, result in zip(batch, proposals, results):
-            depth = _depth(proposal)
-            request.metrics.record_step(len(proposal), result.num_accepted, depth)
-            if len(proposal):
-                outcomes.append((depth, result.num_accepted))
-                request.acceptance.update(*outcomes[-1])
-            else:
-                request.acceptance.skip()
+            request.metrics.record_step(len(proposal), result.num_accepted, depth(proposal))
             self._append(request, result.emitted(proposal))
-        self.acceptance.record_batch(outcomes)
-        self.hook.specdec_accept(config=config, requests=batch, results=results, resource_manager=self.resource_manager)
+        self._accept(batch, results)
+        batch, proposals, results = self._survivors(batch, proposals, results)
         done = time.perf_counter()
-        if step_time is not None:
-            drafts = max(len(p) for p in proposals)
-            step_time.record(drafts, done - drafted, warmup_cost.seconds[drafts])
+        self.policy.observe(plan, batch, proposals, results, done - drafted)
         for request in batch:
             metrics = request.metrics
             metrics.time_draft += drafted - step_start
@@ -298,41 +393,106 @@ class Engine:
             metrics.time_verify += verified - forwarded
             metrics.time_decode += done - step_start
 
-    def _draft(self, requests: list[Request]) -> list[DraftProposal]:
-        proposals = self.hook.specdec_prepare_draft_tokens(
-            config=self.config, requests=requests, resource_manager=self.resource_manager
-        )
-        if proposals is None or len(proposals) != len(requests):
-            raise PluginError(f"method {self.method.name!r} returned no draft proposal for this step")
-        vocab = self.runner.vocab_size
-        for i, (request, proposal) in enumerate(zip(requests, proposals)):
-            proposal.token_ids = [int(t) for t in proposal.token_ids]
-            if not all(0 <= t < vocab for t in proposal.token_ids):
-                raise PluginError(f"method {self.method.name!r} drafted a token id outside [0, {vocab})")
-            if proposal.parents is not None and (
-                len(proposal.parents) != len(proposal)
-                or not all(-1 <= int(p) < i for i, p in enumerate(proposal.parents))
-            ):
-                raise PluginError(
-                    f"method {self.method.name!r} proposed a tree whose parents do not come before their children"
-                )
-            if len(proposal) > request.max_draft_len:
-                proposals[i] = _truncate(proposal, request.max_draft_len)
+    def _survivors(self, batch: list[Request], *columns: list[Any]) -> tuple[list[Any], ...]:
+        """Drop the step's failed requests (their rows and state freed) and, row for row, their
+        entries of ``columns``; returns the batch that goes on and the kept columns."""
+        keep = [row for row, request in enumerate(batch) if request.finish_reason != "error"]
+        if len(keep) < len(batch):
+            self._drop_finished_rows("error")
+        return ([batch[row] for row in keep], *([column[row] for row in keep] for column in columns))
+
+    def _isolated(self, hook: str, call: Callable[[list[Request]], Sequence[T]], batch: list[Request]) -> list[T | None]:
+        """``call(batch)``, one item per request. If it raises, each request is tried alone and
+        those it still raises for end with the error (their item is ``None``): a plugin's failure
+        stays with the requests it belongs to."""
+        try:
+            return list(call(batch))
+        except Exception as exc:
+            if len(batch) == 1:
+                self._end(batch[0], "error", self._plugin_message(hook, exc))
+                return [None]
+        items: list[T | None] = []
+        for request in batch:
+            try:
+                items.extend(call([request]))
+            except Exception as exc:
+                self._end(request, "error", self._plugin_message(hook, exc))
+                items.append(None)
+        return items
+
+    def _plugin_message(self, hook: str, exc: Exception) -> str:
+        if isinstance(exc, SpecdecError):
+            return str(exc)
+        return f"method {self.method.name!r} failed in {hook}: {type(exc).__name__}: {exc}"
+
+    def _draft(self, batch: list[Request]) -> list[DraftProposal | None]:
+        def call(requests: list[Request]) -> list[DraftProposal]:
+            proposals = self.hook.specdec_prepare_draft_tokens(
+                config=self.config, requests=requests, resource_manager=self.resource_manager
+            )
+            if proposals is None or len(proposals) != len(requests):
+                raise PluginError(f"method {self.method.name!r} returned no draft proposal for this step")
+            return proposals
+
+        proposals = self._isolated("specdec_prepare_draft_tokens", call, batch)
+        for i, (request, proposal) in enumerate(zip(batch, proposals)):
+            if proposal is None:
+                proposals[i] = DraftProposal()
+                continue
+            try:
+                proposals[i] = self._checked(request, proposal)
+            except PluginError as exc:
+                self._end(request, "error", str(exc))
+                proposals[i] = DraftProposal()
         return proposals
 
-    def _verify(self, requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
-        results = self.hook.specdec_verify(config=self.config, requests=requests, proposals=proposals, target_logits=logits)
-        if results is None or len(results) != len(requests):
-            raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
-        for result, proposal in zip(results, proposals):
-            if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < self.runner.vocab_size or (
-                proposal.parents is not None and not _is_tree_path(proposal.parents, result)
-            ):
-                raise PluginError(
+    def _checked(self, request: Request, proposal: DraftProposal) -> DraftProposal:
+        vocab = self.runner.vocab_size
+        proposal.token_ids = [int(t) for t in proposal.token_ids]
+        if not all(0 <= t < vocab for t in proposal.token_ids):
+            raise PluginError(f"method {self.method.name!r} drafted a token id outside [0, {vocab})")
+        if proposal.parents is not None and (
+            len(proposal.parents) != len(proposal) or not all(-1 <= int(p) < i for i, p in enumerate(proposal.parents))
+        ):
+            raise PluginError(f"method {self.method.name!r} proposed a tree whose parents do not come before their children")
+        return proposal.truncated(request.max_draft_len)
+
+    def _verify(self, batch: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult | None]:
+        index = {id(r): i for i, r in enumerate(batch)}
+
+        def call(requests: list[Request]) -> list[VerifyResult]:
+            rows = [index[id(r)] for r in requests]
+            results = self.hook.specdec_verify(
+                config=self.config, requests=requests, proposals=[proposals[i] for i in rows],
+                target_logits=[logits[i] for i in rows],
+            )
+            if results is None or len(results) != len(requests):
+                raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
+            return results
+
+        results = self._isolated("specdec_verify", call, batch)
+        for i, (request, proposal, result) in enumerate(zip(batch, proposals, results)):
+            if result is not None and not _valid(result, proposal, self.runner.vocab_size):
+                self._end(
+                    request,
+                    "error",
                     f"method {self.method.name!r}: verify kept {result.num_accepted} of {len(proposal)} drafts "
-                    f"with next token {result.next_token}"
+                    f"with next token {result.next_token}",
                 )
+                results[i] = None
         return results
+
+    def _accept(self, batch: list[Request], results: list[VerifyResult]) -> None:
+        index = {id(r): i for i, r in enumerate(batch)}
+
+        def call(requests: list[Request]) -> list[None]:
+            self.hook.specdec_accept(
+                config=self.config, requests=requests, results=[results[index[id(r)]] for r in requests],
+                resource_manager=self.resource_manager,
+            )
+            return [None] * len(requests)
+
+        self._isolated("specdec_accept", call, batch)
 
     def _pick(self, logits: torch.Tensor, request: Request) -> int:
         if request.params.greedy:
@@ -350,25 +510,11 @@ class Engine:
                 break
         request.metrics.num_output_tokens = request.num_output_tokens
 
-    def final_text(self, request: Request) -> str:
-        return self.stops.final_text(request)
 
-
-def _truncate(proposal: DraftProposal, length: int) -> DraftProposal:
-    """The first ``length`` drafts (for a tree: its first nodes, still a tree, as parents come first)."""
-    probs = proposal.probs[:length] if proposal.probs is not None else None
-    parents = proposal.parents[:length] if proposal.parents is not None else None
-    return DraftProposal(proposal.token_ids[:length], probs, parents)
-
-
-def _depth(proposal: DraftProposal) -> int:
-    """How far down a proposal reaches: its length for a chain, its deepest path for a tree."""
-    if proposal.parents is None:
-        return len(proposal)
-    depth: list[int] = []
-    for parent in proposal.parents:
-        depth.append(depth[parent] + 1 if parent >= 0 else 1)
-    return max(depth, default=0)
+def _valid(result: VerifyResult, proposal: DraftProposal, vocab: int) -> bool:
+    if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < vocab:
+        return False
+    return proposal.parents is None or _is_tree_path(proposal.parents, result)
 
 
 def _is_tree_path(parents: list[int], result: VerifyResult) -> bool:

@@ -26,3 +26,16 @@ class ModelLoadError(SpecdecError):
 class VerifyInputError(SpecdecError, ValueError):
     """Tensors passed to ``specdec.kernels`` have a wrong shape, dtype, device or content; the
     message names the argument."""
+
+
+class QueueFullError(SpecdecError):
+    """The engine's waiting queue is full (``max_queue_size``): retry later."""
+
+
+class RequestFailedError(PluginError):
+    """Requests of a ``generate`` call ended with an error (most often a plugin hook that raised);
+    the others finished. ``outputs`` holds every request's output, in prompt order."""
+
+    def __init__(self, message: str, outputs: list) -> None:
+        super().__init__(message)
+        self.outputs = outputs

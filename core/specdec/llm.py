@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import threading
+from collections import deque
+
 import torch
 from transformers import PreTrainedModel
 
 from specdec.config import SpeculativeConfig
 from specdec.config_loader import parse_speculative_config
 from specdec.engine import Engine
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, RequestFailedError
 from specdec.metrics import RequestMetrics, aggregate
 from specdec.models import load_model, resolve_device
 from specdec.plugins import get_registry
@@ -32,6 +35,8 @@ class RequestOutput:
     token_ids: list[int]
     finish_reason: str | None
     metrics: RequestMetrics = field(repr=False)
+    #: Why the request failed (``finish_reason == "error"``).
+    error: str | None = None
 
 
 class LLM:
@@ -48,6 +53,12 @@ class LLM:
     :param max_batch_size: most requests decoded together (TensorRT-LLM ``max_batch_size``,
         vLLM ``max_num_seqs``); ``generate`` over more prompts starts each waiting prompt as
         soon as a running one finishes.
+    :param max_queue_size: most requests waiting for a place in the batch (``engine.add_request``
+        refuses more with :class:`~specdec.errors.QueueFullError`; ``generate`` queues its prompts
+        as room frees up).
+
+    ``generate`` calls from several threads run one after the other (the engine is not
+    thread-safe); a server drives :attr:`engine` from one thread instead.
     """
 
     def __init__(
@@ -59,6 +70,7 @@ class LLM:
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
         max_batch_size: int = 8,
+        max_queue_size: int | None = 256,
     ) -> None:
         registry = get_registry()
         self.speculative_config = parse_speculative_config(speculative_config, registry)
@@ -68,8 +80,9 @@ class LLM:
             target, tokenizer = load_model(model, dtype, device)
         self.tokenizer = tokenizer
         self.runner = ModelRunner(target)
-        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry, max_batch_size)
+        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry, max_batch_size, max_queue_size)
         self._history: list[RequestMetrics] = []
+        self._lock = threading.Lock()
 
     @property
     def model(self) -> PreTrainedModel:
@@ -116,7 +129,10 @@ class LLM:
         else:
             params = [sampling_params or SamplingParams()] * len(prompts)
         encoded = [self.encode(prompt, chat=chat) for prompt in prompts]
-        requests = self.engine.generate([self.engine.new_request(ids, p) for ids, p in zip(encoded, params)])
+        with self._lock:
+            # Every prompt is checked before any work starts, so one bad prompt loses nothing.
+            requests = [self.engine.new_request(ids, p) for ids, p in zip(encoded, params)]
+            self._run(requests)
         outputs = []
         for prompt, prompt_ids, request in zip(prompts, encoded, requests):
             self._history.append(request.metrics)
@@ -129,9 +145,27 @@ class LLM:
                     request.output_ids,
                     request.finish_reason,
                     request.metrics,
+                    request.error,
                 )
             )
+        failed = [o for o in outputs if o.finish_reason == "error"]
+        if failed:
+            others = f" ({len(failed)} of {len(outputs)} requests failed; every output is in .outputs)" if len(outputs) > 1 else ""
+            raise RequestFailedError(f"{failed[0].error}{others}", outputs)
         return outputs
+
+    def _run(self, requests: list) -> None:
+        """Run ``requests`` to completion on the engine, queueing each as the queue has room."""
+        pending = deque(requests)
+        try:
+            while pending or any(not r.finished for r in requests):
+                while pending and self.engine.queue_has_room():
+                    self.engine.enqueue(pending.popleft())
+                self.engine.step(more_coming=bool(pending))
+        except BaseException:
+            for request in requests:
+                self.engine.abort(request.request_id)
+            raise
 
     def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, using the chat template."""

@@ -31,12 +31,19 @@ class Request:
     #: Running per-position acceptance of this request's drafts (drives adaptive draft length).
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     finished: bool = False
+    #: ``stop``, ``length``, ``abort`` (the caller aborted it) or ``error`` (see ``error``).
     finish_reason: str | None = None
+    #: Why the request failed (``finish_reason == "error"``); the requests beside it go on.
+    error: str | None = None
     #: Free slot for a method's per-request state (the engine never touches it).
     method_state: Any = None
     #: The target's output of this step's forward (logits, and hidden states when the runner
     #: captures them), for methods that draft from target features. Cleared when the request ends.
     target_output: Any = None
+    #: Output tokens already reported in a :class:`RequestDelta`.
+    num_reported: int = 0
+    #: Streams the output's text (set by the engine when the request is added).
+    detokenizer: Any = None
 
     @property
     def output_ids(self) -> list[int]:
@@ -45,6 +52,23 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass
+class RequestDelta:
+    """What one engine step did for one request (:meth:`specdec.engine.Engine.step`)."""
+
+    request_id: int
+    new_token_ids: list[int]
+    #: New text, decoded incrementally: a stop string is never sent, and text that could begin
+    #: one is held back until it cannot.
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+    error: str | None
+    num_prompt_tokens: int
+    #: A snapshot of the request's metrics so far.
+    metrics: RequestMetrics
 
 
 @dataclass
@@ -66,6 +90,14 @@ class DraftProposal:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def truncated(self, length: int) -> DraftProposal:
+        """The first ``length`` drafts (for a tree: its first nodes, still a tree, as parents come first)."""
+        if len(self) <= length:
+            return self
+        probs = self.probs[:length] if self.probs is not None else None
+        parents = self.parents[:length] if self.parents is not None else None
+        return DraftProposal(self.token_ids[:length], probs, parents)
 
 
 @dataclass

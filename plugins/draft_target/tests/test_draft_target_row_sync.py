@@ -27,7 +27,7 @@ def test_a_request_never_drafted_for_costs_the_draft_nothing(tiny, small_draft_d
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
     with LLM(tiny.model, config(small_draft_dir), tokenizer=tiny.tokenizer) as llm:
         never = ForwardCost([1.0, 50.0, 50.0], base_seconds=1.0)
-        llm.engine.forward_costs[1] = ContextCost((128, 1024), (never, never))
+        llm.engine.policy.forward_costs[1] = ContextCost((128, 1024), (never, never))
         calls = []
         draft_model = llm.engine.resource_manager.drafter.runner.model
         draft_model.register_forward_hook(lambda *_: calls.append(1))
@@ -51,7 +51,7 @@ def test_prefill_time_is_kept_out_of_the_drafting_cost(tiny, small_draft_dir: Pa
         drafter.runner.forward = slow_prefill
         got = llm.generate({"prompt_token_ids": tiny.encode("hello world")}, SamplingParams(max_tokens=4))[0]
         assert got.metrics.num_drafts >= 1 and got.metrics.time_draft >= 0.4
-        assert llm.engine.draft_time[1].seconds < 0.05
+        assert llm.engine.policy.draft_time[1].seconds < 0.05
 
 
 def test_rows_prefilled_late_stay_lossless(tiny, small_draft_dir: Path) -> None:

@@ -233,7 +233,7 @@ def test_adaptive_policy_drafts_whole_trees(target, head_dir, expected, monkeypa
     prompt = target.encode(PROMPTS[0])
     with LLM(target.model, _config(head_dir, adaptive_draft_len=True), tokenizer=target.tokenizer, max_batch_size=1) as llm:
         step = ForwardCost([1.0] * (DEPTH + 1) + [1.5] * (NODES - DEPTH), base_seconds=1.0)
-        llm.engine.forward_costs[1] = ContextCost((128, 1024), (step, step))
+        llm.engine.policy.forward_costs[1] = ContextCost((128, 1024), (step, step))
         output = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=32, ignore_eos=True))[0]
     assert output.token_ids == expected[PROMPTS[0]]
     assert len(proposals) > 3

@@ -1,0 +1,185 @@
+"""The draft-length policy as one object: the engine's step asks it for budgets and tells it outcomes.
+
+The step itself stays the algorithm (draft, verify, accept). Everything that decides how many
+tokens to draft lives here: the config's fixed limits (``max_concurrency``,
+``draft_len_schedule``), the adaptive length (:mod:`specdec.draft_policy`: acceptance estimates,
+forward costs, drafting and resume costs) and what each step's timings teach it.
+
+Forward costs are measured outside requests: :meth:`DraftBudget.measure` runs when the engine
+starts (batch size 1) and, for larger batch sizes, when the engine is idle or warmed up
+(:meth:`pending_measurements`). A step at a batch size not measured yet borrows the costs of the
+nearest measured smaller batch, scaled by what that batch size's own steps measure
+(:class:`~specdec.draft_policy.StepTime`), so no request waits for a measurement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from specdec.config import SpeculativeConfig
+from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, ForwardCost, ResumeCost, StepTime
+from specdec.requests import DraftProposal, Request, VerifyResult
+from specdec.runner import ModelRunner
+
+
+@dataclass
+class StepBudget:
+    """This step's plan: each request's draft budget and what the policy needs to learn from it."""
+
+    budgets: list[int]
+    #: Forward costs at this step's context, corrected by measured steps (``None``: not adaptive).
+    cost: ForwardCost | None = None
+    #: The uncorrected costs the step's timing is compared against.
+    predicted: ForwardCost | None = None
+    #: Tokens each request has left, for a batch that only drains toward known lengths.
+    remaining: list[int] | None = None
+
+    @property
+    def drafts(self) -> bool:
+        return any(self.budgets)
+
+
+class DraftBudget:
+    """Decides each step's draft budgets and learns from each step's outcome.
+
+    :param runner: the target runner whose forwards :meth:`measure` times.
+    :param config: the method's config (limits, ``adaptive_draft_len``, ``adaptive_window``).
+    :param sync: waits for the device before a timer is read (CUDA), or ``None``.
+    """
+
+    def __init__(self, runner: ModelRunner, config: SpeculativeConfig, sync: Callable[[], None] | None = None) -> None:
+        self.runner = runner
+        self.config = config
+        self.sync = sync
+        self.adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
+        #: Measured forward cost by batch size (adaptive draft length only).
+        self.forward_costs: dict[int, ContextCost] = {}
+        #: What verify steps really cost against the measured forward costs, by batch size.
+        self.step_times: dict[int, StepTime] = {}
+        #: Drafting time per drafted token (per round: the longest proposal), by batch size.
+        self.draft_time: dict[int, DraftTime] = {}
+        #: The setup a drafting run pays when drafting resumes after a pause.
+        self.resume_cost = ResumeCost(config.adaptive_window)
+        #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
+        self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
+        #: Batch sizes whose costs are still to be measured (in idle time or a warm-up).
+        self._wanted: set[int] = set()
+
+    # -- measurement, outside requests --------------------------------------------------------
+
+    def measure(self, rows: int) -> None:
+        """Time the target's forwards of every verify width for a batch of ``rows`` (adaptive only)."""
+        self._wanted.discard(rows)
+        if self.adaptive and rows not in self.forward_costs:
+            self.forward_costs[rows] = ContextCost.measure(
+                self.runner, self.config.max_draft_tokens + 1, rows=rows, sync=self.sync
+            )
+
+    def want(self, max_rows: int) -> None:
+        """Ask for the costs of every batch size up to ``max_rows`` (measured by :meth:`measure`)."""
+        if self.adaptive:
+            self._wanted.update(r for r in range(1, max_rows + 1) if r not in self.forward_costs)
+
+    def pending_measurements(self) -> list[int]:
+        """Batch sizes a step has run (or :meth:`want` asked for) whose costs are not measured yet."""
+        return sorted(self._wanted)
+
+    # -- per request --------------------------------------------------------------------------
+
+    def new_estimate(self) -> AcceptanceEstimate:
+        """A new request's acceptance estimate, starting from what the method has been achieving."""
+        return AcceptanceEstimate(self.config.adaptive_window, prior=self.acceptance)
+
+    # -- per step -----------------------------------------------------------------------------
+
+    def plan(self, batch: Sequence[Request], longest_context: int, tokens_left: Sequence[int],
+             remaining: Sequence[int | None] | None = None) -> StepBudget:
+        """Each request's draft budget for a step, before drafting.
+
+        ``tokens_left[b]``: tokens request ``b`` may still emit (a step emits one more than it
+        drafts). ``remaining``: for a batch that only drains, each request's known remaining
+        tokens (``None`` where only EOS or a stop can end it).
+        """
+        config, rows = self.config, len(batch)
+        limit = config.draft_len_for_batch(rows)
+        budgets = [max(min(limit, left - 1), 0) for left in tokens_left]
+        plan = StepBudget(budgets)
+        if not self.adaptive or limit == 0:
+            return plan
+        plan.predicted = self._costs(rows).at(longest_context)
+        plan.cost = self.step_times.setdefault(rows, StepTime()).correct(plan.predicted)
+        if remaining is not None and None not in remaining:
+            plan.remaining = list(remaining)
+        measured = self.draft_time.get(rows)
+        unit = plan.cost.base_seconds
+        draft_cost = measured.seconds / unit if measured is not None and unit else 0.0
+        setup_cost = self.resume_cost.seconds_per_step(rows) / unit if unit else 0.0
+        tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
+        # A batch whose recent acceptance does not pay for the drafting and the wider forward
+        # skips the drafter.
+        keep = plan.cost.best_length(
+            [r.acceptance for r in batch], budgets, draft_cost, tree_depth, setup_cost, plan.remaining
+        )
+        if keep == 0 and measured is not None:
+            measured.fade(config.adaptive_window)
+        plan.budgets = [min(b, keep) for b in budgets]
+        return plan
+
+    def drafted(self, plan: StepBudget, batch: Sequence[Request], proposals: list[DraftProposal], seconds: float,
+                setup_seconds: float) -> list[DraftProposal]:
+        """The drafter took ``seconds`` (``setup_seconds`` of it catching up after a pause) to
+        offer ``proposals``; returns them cut to the length worth verifying."""
+        rows, longest = len(proposals), max((len(p) for p in proposals), default=0)
+        if not longest:
+            return proposals
+        self.resume_cost.drafted(rows, setup_seconds)
+        per_token = (seconds - setup_seconds) / longest
+        if rows in self.draft_time:
+            self.draft_time[rows].record(per_token)
+        else:
+            self.draft_time[rows] = DraftTime(per_token)
+        if plan.cost is None or any(p.parents is not None for p in proposals):
+            # A tree was sized by its method to the budget; cutting it by chain estimates would
+            # lose the branches that make it worth drafting.
+            return proposals
+        # The offered lengths are known now (an n-gram often offers fewer than its budget).
+        keep = plan.cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals], remaining=plan.remaining)
+        return [p.truncated(keep) for p in proposals]
+
+    def observe(self, plan: StepBudget, batch: Sequence[Request], proposals: Sequence[DraftProposal],
+                results: Sequence[VerifyResult], seconds: float) -> None:
+        """What the step did: each request's drafts and acceptance, and ``seconds`` from the start
+        of its target forward to the end of its accept hook."""
+        outcomes = []
+        for request, proposal, result in zip(batch, proposals, results):
+            if len(proposal):
+                outcomes.append((depth(proposal), result.num_accepted))
+                request.acceptance.update(*outcomes[-1])
+            else:
+                request.acceptance.skip()
+        self.acceptance.record_batch(outcomes)
+        if not outcomes:
+            self.resume_cost.paused()
+        if plan.predicted is not None:
+            drafts = max((len(p) for p in proposals), default=0)
+            self.step_times[len(batch)].record(drafts, seconds, plan.predicted.seconds[drafts])
+
+    def _costs(self, rows: int) -> ContextCost:
+        """Measured costs for ``rows``, or the nearest smaller measured batch's while it waits to be measured."""
+        if rows in self.forward_costs:
+            return self.forward_costs[rows]
+        self._wanted.add(rows)
+        if not self.forward_costs:
+            self.measure(1)
+        return self.forward_costs[max((r for r in self.forward_costs if r <= rows), default=min(self.forward_costs))]
+
+
+def depth(proposal: DraftProposal) -> int:
+    """How far down a proposal reaches: its length for a chain, its deepest path for a tree."""
+    if proposal.parents is None:
+        return len(proposal)
+    depths: list[int] = []
+    for parent in proposal.parents:
+        depths.append(depths[parent] + 1 if parent >= 0 else 1)
+    return max(depths, default=0)

@@ -1,0 +1,204 @@
+"""The request-level engine API: requests added while others run, per-step deltas, abort, the
+bounded queue, failures kept to their request, and cost measurement outside requests."""
+
+from __future__ import annotations
+
+import pytest
+from specdec_ngram import NGramDecodingConfig
+
+from specdec import LLM, PluginError, SamplingParams, UserProvidedDecodingConfig
+from specdec.draft_policy import ContextCost
+from specdec.errors import QueueFullError, RequestFailedError
+from specdec.resources import ResourceManager
+
+TEXTS = ("hello world, hello", "abc abd abe ab", "one two three, one two", "the cat sat on the mat. the cat")
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    return [tiny.encode(t) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def alone(tiny, prompts):
+    """Each prompt's plain greedy output (24 tokens, EOS ignored), decoded alone."""
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    return [plain.generate({"prompt_token_ids": p}, params)[0] for p in prompts]
+
+
+def _run(engine, limit: int = 500) -> dict[int, list]:
+    """Step ``engine`` until it is idle; every delta, by request id."""
+    deltas: dict[int, list] = {}
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            return deltas
+        for delta in engine.step():
+            deltas.setdefault(delta.request_id, []).append(delta)
+    raise AssertionError("the engine did not finish")
+
+
+def test_requests_join_a_running_batch_and_decode_as_alone(tiny, prompts, alone):
+    """A request added after others have run for a few steps joins the batch; every greedy output
+    (fp32, n-gram drafts) equals the prompt decoded alone, and the deltas of a request add up to its
+    output: tokens, text, and one final delta with the finish reason."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with LLM(tiny.model, NGramDecodingConfig(max_draft_len=4), tokenizer=tiny.tokenizer, max_batch_size=3) as llm:
+        engine = llm.engine
+        first = [engine.add_request(p, params) for p in prompts[:2]]
+        deltas: dict[int, list] = {}
+        for _ in range(3):
+            for delta in engine.step():
+                deltas.setdefault(delta.request_id, []).append(delta)
+        assert engine.num_running == 2 and not engine.num_waiting
+        late = [engine.add_request(p, params) for p in prompts[2:]]
+        assert engine.num_waiting == 2
+        for rid, more in _run(engine).items():
+            deltas.setdefault(rid, []).extend(more)
+    for rid, expected in zip(first + late, alone):
+        got = deltas[rid]
+        assert sum((d.new_token_ids for d in got), []) == expected.token_ids
+        assert "".join(d.text_delta for d in got) == expected.text
+        assert [d.finished for d in got] == [False] * (len(got) - 1) + [True]
+        assert got[-1].finish_reason == "length" and got[-1].metrics.num_output_tokens == 24
+    assert not engine.running and engine._cache.num_rows == 0  # finished rows are freed once idle
+
+
+def test_text_deltas_hold_back_a_possible_stop_string(tiny, prompts, alone):
+    """With a stop string, no delta ever carries it or text past it: text that could begin it
+    waits until it cannot, and the request ends with the text cut before it."""
+    full = alone[0].text
+    at = next(i for i in range(5, len(full) - 3) if full.find(full[i : i + 3]) == i)
+    stop = full[at : at + 3]
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as llm:
+        llm.engine.add_request(prompts[0], SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop]))
+        (deltas,) = _run(llm.engine).values()
+    sent = ""
+    for delta in deltas:
+        sent += delta.text_delta
+        assert stop not in sent and full.startswith(sent)
+    assert sent == full[:at] and deltas[-1].finish_reason == "stop"
+
+
+class _Tracking(ResourceManager):
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: set[int] = set()
+
+    def add_request(self, request):
+        self.live.add(request.request_id)
+
+    def free_request(self, request):
+        self.live.discard(request.request_id)
+
+
+class _Repeat:
+    def prepare_draft_tokens(self, requests, resource_manager):
+        return [r.token_ids[-1:] * r.max_draft_len for r in requests]
+
+
+def test_abort_frees_the_row_and_drafter_state_at_once(tiny, prompts, alone):
+    """Aborting a running request drops its cache row and frees its method state in the same
+    call; aborting a waiting one removes it from the queue; the others decode as if alone."""
+    manager = _Tracking()
+    config = UserProvidedDecodingConfig(drafter=_Repeat(), resource_manager=manager, max_draft_len=3)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer, max_batch_size=2) as llm:
+        engine = llm.engine
+        ids = [engine.add_request(p, params) for p in prompts[:3]]
+        deltas: dict[int, list] = {}
+        for _ in range(2):
+            for delta in engine.step():
+                deltas.setdefault(delta.request_id, []).append(delta)
+        assert engine._cache.num_rows == 2 and manager.live == set(ids[:2])
+        delta = engine.abort(ids[0])
+        assert delta.finished and delta.finish_reason == "abort" and delta.request_id == ids[0]
+        assert engine._cache.num_rows == 1 and manager.live == {ids[1]}
+        assert engine.abort(ids[0]) is None  # already gone
+        waiting = engine.add_request(prompts[3], params)
+        assert engine.abort(waiting).finish_reason == "abort" and engine.num_waiting == 1
+        for rid, more in _run(engine).items():
+            deltas.setdefault(rid, []).extend(more)
+    assert waiting not in deltas
+    for rid, expected in ((ids[1], alone[1]), (ids[2], alone[2])):
+        assert sum((d.new_token_ids for d in deltas[rid]), []) == expected.token_ids
+    assert manager.live == set()
+
+
+def test_the_queue_is_bounded(tiny, prompts):
+    """Past ``max_queue_size`` waiting requests, ``add_request`` refuses with QueueFullError;
+    ``generate`` over more prompts than the queue holds still runs them all, queueing as room frees."""
+    params = SamplingParams(max_tokens=4)
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=1, max_queue_size=2) as llm:
+        llm.engine.add_request(prompts[0], params)
+        llm.engine.add_request(prompts[1], params)
+        with pytest.raises(QueueFullError, match="queue is full"):
+            llm.engine.add_request(prompts[2], params)
+        _run(llm.engine)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        assert [len(o.token_ids) for o in outs] == [4] * len(prompts)
+
+
+class _FailsFor:
+    """Drafts the last token repeated; raises in ``hook`` for requests whose prompt holds ``token``."""
+
+    def __init__(self, token: int, hook: str = "draft") -> None:
+        self.token, self.hook = token, hook
+
+    def _check(self, requests):
+        if any(self.token in r.token_ids[: r.num_prompt_tokens] for r in requests):
+            raise RuntimeError(f"cannot handle token {self.token}")
+
+    def prepare_draft_tokens(self, requests, resource_manager):
+        if self.hook == "draft":
+            self._check(requests)
+        return [r.token_ids[-1:] * r.max_draft_len for r in requests]
+
+    def accept(self, requests, results):
+        if self.hook == "accept":
+            self._check(requests)
+
+
+@pytest.mark.parametrize("hook", ["draft", "accept"])
+def test_a_plugin_failure_ends_only_its_request(tiny, prompts, alone, hook):
+    """A drafter raising, in the batch, for one request of three: that request ends with
+    ``finish_reason="error"`` and a message naming the method and the error; the two beside it
+    decode exactly as alone; ``generate`` raises a PluginError carrying every output, and the
+    engine serves new requests afterwards."""
+    bad = tiny.encode("#")[0]
+    assert all(bad not in p for p in prompts)
+    batch = [prompts[0], [*prompts[1], bad], prompts[2]]
+    config = UserProvidedDecodingConfig(drafter=_FailsFor(bad, hook), max_draft_len=3, adaptive_draft_len=False)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        with pytest.raises(RequestFailedError, match=r"user_provided.*RuntimeError: cannot handle token.*1 of 3") as info:
+            llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        assert isinstance(info.value, PluginError)
+        outs = info.value.outputs
+        assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+        assert "cannot handle token" in outs[1].error
+        assert outs[0].token_ids == alone[0].token_ids and outs[2].token_ids == alone[2].token_ids
+        assert llm.engine._cache.num_rows == 0
+        again = llm.generate({"prompt_token_ids": prompts[3]}, params)[0]
+        assert again.token_ids == alone[3].token_ids
+
+
+def test_costs_are_measured_when_the_engine_starts_not_in_a_request(tiny, prompts, monkeypatch):
+    """With the adaptive draft length on, the one-request forward costs exist once the LLM is
+    built, so a request never waits for them; a batch size not measured yet borrows them and is
+    measured when the engine is idle (``idle_work``) or warmed up."""
+    with LLM(tiny.model, NGramDecodingConfig(max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
+        policy = llm.engine.policy
+        assert list(policy.forward_costs) == [1]
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("measured inside a request")
+
+        monkeypatch.setattr(ContextCost, "measure", refuse)
+        params = SamplingParams(max_tokens=8)
+        llm.generate({"prompt_token_ids": prompts[0]}, params)
+        llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params)
+        assert policy.pending_measurements() == [2]
+        monkeypatch.undo()
+        assert llm.engine.idle_work() and list(policy.forward_costs) == [1, 2]
+        assert not llm.engine.idle_work()
