@@ -202,3 +202,24 @@ def test_costs_are_measured_when_the_engine_starts_not_in_a_request(tiny, prompt
         monkeypatch.undo()
         assert llm.engine.idle_work() and list(policy.forward_costs) == [1, 2]
         assert not llm.engine.idle_work()
+
+
+def test_a_failed_forward_ends_the_batch_and_the_engine_goes_on(tiny, prompts, alone, monkeypatch):
+    """A failure no plugin can be blamed for (here the target forward raising) ends the requests
+    of that step with the error, frees their rows, and the engine decodes the next request as alone."""
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as llm:
+        engine = llm.engine
+        ids = [engine.add_request(p, params) for p in prompts[:2]]
+        engine.step()
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("device lost")
+
+        monkeypatch.setattr(engine.runner, "forward_rows", broken)
+        deltas = {d.request_id: d for d in engine.step()}
+        assert [deltas[i].finish_reason for i in ids] == ["error", "error"]
+        assert "RuntimeError: device lost" in deltas[ids[0]].error
+        assert not engine.has_unfinished_requests() and engine._cache.num_rows == 0
+        monkeypatch.undo()
+        assert llm.generate({"prompt_token_ids": prompts[2]}, params)[0].token_ids == alone[2].token_ids

@@ -11,6 +11,7 @@ from specdec.cli.bench import bench
 from specdec.cli.bench_kernels import bench_kernels
 from specdec.cli.generate import generate
 from specdec.cli.list_methods import list_methods
+from specdec.cli.serve import serve
 from specdec.cli.synthesize import synthesize
 from specdec.cli.train import train
 from specdec.cli.validate import validate
@@ -27,6 +28,7 @@ def cli() -> None:
 
 cli.add_command(list_methods)
 cli.add_command(generate)
+cli.add_command(serve)
 cli.add_command(bench)
 cli.add_command(bench_kernels)
 cli.add_command(synthesize)
@@ -47,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"error: {exc.format_message()}")
         return EXIT_BAD_INPUT
     except SpecdecError as exc:
-        err.print(f"error: {exc}")
+        # One line, whatever the message holds (a plugin's exception text may span several).
+        err.print("error: " + " ".join(str(exc).split()))
         return EXIT_BAD_INPUT
     return 0
 

@@ -1,0 +1,238 @@
+"""Benchmark `specdec serve` with NVIDIA's aiperf, a client nobody here wrote.
+
+For each server (plain decoding, n-gram, EAGLE-3 by default) it starts `specdec serve` on a free
+port, runs `aiperf profile` against its streaming chat endpoint at each concurrency with
+Spec-Bench first turns (n-gram: summarization and rag; EAGLE-3: mt_bench's eight categories;
+plain: both sets, as the baseline of each), then stops the server with SIGTERM. aiperf lives
+in its own virtual environment (`.venv-aiperf`, made on first use): it pins its own transformers.
+
+    .venv/bin/python scripts/bench_serve.py --out bench-results/serve
+
+Writes `serve.json` (every aiperf summary), a table on the terminal and `serve.png`. With
+`--offline`, `specdec bench` runs the same prompts in-process at batch 1, for the served-vs-offline
+comparison of tokens per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+AIPERF_VENV = ROOT / ".venv-aiperf"
+AIPERF_VERSION = "0.13.0"
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+PROMPT_SETS = {"sum_rag": ("summarization", "rag"), "mt_bench": MT_BENCH}
+#: (label, `specdec serve` method arguments, prompt sets it runs).
+SERVERS = {
+    "plain": (["--method", "none"], ("sum_rag", "mt_bench")),
+    "ngram": (["--method", "ngram"], ("sum_rag",)),
+    "eagle3": (["--method", "eagle3"], ("mt_bench",)),
+}
+console = Console()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "serve")
+    parser.add_argument("--servers", default="plain,ngram,eagle3", help=f"comma list of {', '.join(SERVERS)}")
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--requests", type=int, default=16, help="requests per run (at least 4 per client)")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up requests per run, not counted")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--offline", action="store_true", help="also run `specdec bench` on the same prompts at batch 1")
+    parser.add_argument("--aiperf", type=Path, default=None, help=f"an aiperf executable (default: {AIPERF_VENV.name}, made on first use)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    aiperf = args.aiperf or _aiperf()
+    tokenizer = subprocess.check_output(
+        [sys.executable, "-c", "from specdec.models import default_model_dir; print(default_model_dir())"], text=True
+    ).strip()
+    for name, categories in PROMPT_SETS.items():
+        _write_prompts(args.out / f"{name}.jsonl", categories)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    runs = [(s, p, c) for s in servers for p in SERVERS[s][1] for c in concurrencies]
+    results: list[dict] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("starting", total=len(runs))
+        for server in servers:
+            with _Server(server, SERVERS[server][0], args) as port:
+                for prompts, concurrency in [(p, c) for s, p, c in runs if s == server]:
+                    progress.update(task, description=f"{server} on {prompts}, concurrency {concurrency}")
+                    out = args.out / f"{server}-{prompts}-c{concurrency}"
+                    summary = _profile(aiperf, port, tokenizer, args.out / f"{prompts}.jsonl", concurrency, out, args)
+                    results.append({"server": server, "prompts": prompts, "concurrency": concurrency, **summary})
+                    progress.advance(task)
+    offline = _offline(args) if args.offline else {}
+    payload = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": results, "offline": offline}
+    (args.out / "serve.json").write_text(json.dumps(payload, indent=2))
+    console.print(_table(results, offline))
+    _plot(results, args.out / "serve.png")
+    console.print(f"wrote {args.out / 'serve.json'} and {args.out / 'serve.png'}")
+
+
+def _aiperf() -> Path:
+    exe = AIPERF_VENV / "bin" / "aiperf"
+    if not exe.exists():
+        with console.status(f"installing aiperf {AIPERF_VERSION} into {AIPERF_VENV}"):
+            subprocess.run([sys.executable, "-m", "venv", str(AIPERF_VENV)], check=True)
+            subprocess.run([str(AIPERF_VENV / "bin" / "pip"), "install", "-q", f"aiperf=={AIPERF_VERSION}"], check=True)
+    return exe
+
+
+def _write_prompts(path: Path, categories: tuple[str, ...]) -> None:
+    """aiperf's single_turn format: one {"text": first turn} per line, in Spec-Bench's order."""
+    with SPEC_BENCH.open() as src, path.open("w") as out:
+        for line in src:
+            row = json.loads(line)
+            if row["category"] in categories:
+                out.write(json.dumps({"text": row["turns"][0]}) + "\n")
+
+
+class _Server:
+    """`specdec serve` in a subprocess on a free port, stopped with SIGTERM (which must exit 0)."""
+
+    def __init__(self, name: str, method_args: list[str], args: argparse.Namespace) -> None:
+        self.name, self.args = name, args
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.cmd = [str(ROOT / ".venv" / "bin" / "specdec"), "serve", *method_args, "--port", str(self.port),
+                    "--dtype", args.dtype, "--max-batch-size", str(args.max_batch_size)]
+        self.log = args.out / f"server-{name}.log"
+
+    def __enter__(self) -> int:
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} server exited with {self.proc.returncode}; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
+                    return self.port
+            except OSError:
+                time.sleep(1)
+        raise SystemExit(f"{self.name} server did not become healthy; see {self.log}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=60)
+        if code != 0:
+            console.print(f"[red]{self.name} server exited with {code} on SIGTERM; see {self.log}[/]")
+
+
+def _profile(aiperf: Path, port: int, tokenizer: str, prompts: Path, concurrency: int, out: Path,
+             args: argparse.Namespace) -> dict:
+    count = max(args.requests, 4 * concurrency)
+    cmd = [str(aiperf), "profile", "--model", "specdec", "--url", f"http://127.0.0.1:{port}",
+           "--endpoint-type", "chat", "--streaming", "--tokenizer", tokenizer,
+           "--input-file", str(prompts), "--custom-dataset-type", "single_turn",
+           "--dataset-sampling-strategy", "sequential", "--concurrency", str(concurrency),
+           "--request-count", str(count), "--warmup-request-count", str(args.warmup),
+           "--extra-inputs", json.dumps({"max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0}),
+           "--use-server-token-count", "--no-server-metrics", "--no-gpu-telemetry",
+           "--artifact-dir", str(out), "--ui", "none"]
+    # aiperf 0.13 takes a local tokenizer directory for a hub id when HF_HUB_OFFLINE is set.
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    (out / "aiperf.log").parent.mkdir(parents=True, exist_ok=True)
+    (out / "aiperf.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"aiperf failed ({proc.returncode}); see {out / 'aiperf.log'}")
+    data = json.loads((out / "profile_export_aiperf.json").read_text())
+
+    def avg(key: str) -> float | None:
+        return (data.get(key) or {}).get("avg")
+
+    return {
+        "requests": avg("request_count"),
+        "ttft_ms": avg("time_to_first_token"),
+        "itl_ms": avg("inter_token_latency"),
+        "request_latency_ms": avg("request_latency"),
+        "output_tokens_per_second": avg("output_token_throughput"),
+        "output_tokens_per_second_per_user": avg("output_token_throughput_per_user"),
+        "output_sequence_length": avg("output_sequence_length"),
+        "error_rate": avg("request_error_rate"),
+    }
+
+
+def _offline(args: argparse.Namespace) -> dict:
+    """`specdec bench` on the first turns the servers got, batch 1: spec and plain tokens/s."""
+    out = {}
+    for server in ("ngram", "eagle3"):
+        method = SERVERS[server][0][1]
+        for prompts in SERVERS[server][1]:
+            path = args.out / f"offline-{server}-{prompts}.json"
+            subprocess.run([str(ROOT / ".venv" / "bin" / "specdec"), "bench", "--method", method, "--dtype", args.dtype,
+                            "--categories", ",".join(PROMPT_SETS[prompts]), "--num-prompts", "2", "--max-turns", "1",
+                            "--max-tokens", str(args.max_tokens), "--ignore-eos", "--json", str(path)], check=True)
+            summary = json.loads(path.read_text())["summary"]["overall"]
+            out[f"{server}/{prompts}"] = {k: summary[k] for k in ("tokens_per_second", "plain_tokens_per_second", "speedup")}
+    return out
+
+
+def _machine() -> dict:
+    import platform
+
+    import torch
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return {"machine": platform.machine(), "cpus": os.cpu_count(), "avx512_bf16": "avx512_bf16" in flags,
+            "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
+
+
+def _table(results: list[dict], offline: dict) -> Table:
+    table = Table(title="specdec serve under aiperf (streaming chat, greedy, ignore_eos)")
+    for col in ("server", "prompts", "conc.", "TTFT ms", "ITL ms", "ITL gain", "out tok/s", "vs plain", "errors %"):
+        table.add_column(col, justify="left" if col in ("server", "prompts") else "right")
+    plain = {(r["prompts"], r["concurrency"]): r for r in results if r["server"] == "plain"}
+    for r in results:
+        base = plain.get((r["prompts"], r["concurrency"]))
+        itl_gain = base["itl_ms"] / r["itl_ms"] if base and r["itl_ms"] else None
+        tput = r["output_tokens_per_second"] / base["output_tokens_per_second"] if base and base["output_tokens_per_second"] else None
+        table.add_row(r["server"], r["prompts"], str(r["concurrency"]), f"{r['ttft_ms']:.0f}", f"{r['itl_ms']:.1f}",
+                      f"{itl_gain:.2f}x" if itl_gain else "-", f"{r['output_tokens_per_second']:.1f}",
+                      f"{tput:.2f}x" if tput else "-", f"{r['error_rate'] or 0:.0f}")
+    for key, o in offline.items():
+        table.add_row(f"offline {key.split('/')[0]}", key.split("/")[1], "bench", "-", "-", "-",
+                      f"{o['tokens_per_second']:.1f}", f"{o['speedup']:.2f}x", "-")
+    return table
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    labels = [f"{r['server']}\n{r['prompts']}\nc{r['concurrency']}" for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, len(results) * 1.1), 4.5))
+    for ax, key, title in ((axes[0], "itl_ms", "inter-token latency (ms, lower is better)"),
+                           (axes[1], "output_tokens_per_second", "output tokens/s (higher is better)")):
+        ax.bar(range(len(results)), [r[key] or 0 for r in results],
+               color=["#888" if r["server"] == "plain" else "#2a7" for r in results])
+        ax.set_xticks(range(len(results)), labels, fontsize=7)
+        ax.set_title(title, fontsize=10)
+    fig.suptitle("specdec serve, aiperf streaming chat")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
