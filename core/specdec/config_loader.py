@@ -4,7 +4,8 @@ Accepted shapes:
 
 - a config object, e.g. ``NGramDecodingConfig(max_draft_len=3)``;
 - a TensorRT-LLM dict or YAML file, ``{decoding_type: NGram, max_draft_len: 3, ...}``, optionally
-  nested under ``speculative_config:`` (the rest of such a file is ignored);
+  nested under ``speculative_config:`` (the rest of such a file is ignored here;
+  :func:`split_llm_api_options` gives it to ``specdec serve``);
 - a vLLM dict, ``{method: ngram, num_speculative_tokens: 5, prompt_lookup_max: 4}``;
 - ``None`` or ``"none"``: plain decoding.
 """
@@ -48,6 +49,22 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}")
     return data
+
+
+def split_llm_api_options(data: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Split a TensorRT-LLM LLM API options file (``trtllm-serve --extra_llm_api_options``) into
+    its speculative config and the LLM API options beside it (``max_batch_size``,
+    ``kv_cache_config``, ...).
+
+    A file with ``speculative_config:`` holds the method there (``None``: plain decoding) and
+    options beside it; a file naming a method at its top level is a speculative config alone;
+    any other mapping holds options only, for plain decoding.
+    """
+    if "speculative_config" in data:
+        return data["speculative_config"], {k: v for k, v in data.items() if k != "speculative_config"}
+    if any(data.get(key) is not None for key in _METHOD_KEYS):
+        return data, {}
+    return None, dict(data)
 
 
 def _looks_like_file(value: str | Path) -> bool:

@@ -1,7 +1,8 @@
-"""Options shared by ``generate`` and ``bench``: model, dtype and the speculative config."""
+"""Options shared by ``generate``, ``bench`` and ``serve``: model, dtype and the speculative config."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import click
@@ -21,13 +22,17 @@ def model_options(func: Any) -> Any:
     return func
 
 
-def method_options(func: Any) -> Any:
+def method_options(func: Any = None, *, config_aliases: tuple[str, ...] = ()) -> Any:
+    """The speculative config's options; ``config_aliases`` are more names for ``--config``
+    (``@method_options(config_aliases=(...))``)."""
+    if func is None:
+        return functools.partial(method_options, config_aliases=config_aliases)
     func = click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Set a method option (repeatable).")(func)
     func = click.option("--speculative-model", default=None,
                         help="Draft model or head for the method: HF id or local dir (sets speculative_model).")(func)
     func = click.option("--max-draft-len", type=int, default=None, help="Most draft tokens per step.")(func)
     func = click.option("--method", default=None, help="Method name (see list-methods); 'none' decodes plainly.")(func)
-    func = click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+    func = click.option("--config", *config_aliases, "config_file", type=click.Path(dir_okay=False), default=None,
                         help="YAML config (TensorRT-LLM or vLLM style).")(func)
     return func
 

@@ -46,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         err.print("error: aborted")
         return 1
     except click.ClickException as exc:
-        err.print(f"error: {exc.format_message()}")
+        err.print(f"error: {exc.format_message()}", markup=False)
         return EXIT_BAD_INPUT
     except SpecdecError as exc:
         # One line, whatever the message holds (a plugin's exception text may span several).
-        err.print("error: " + " ".join(str(exc).split()))
+        err.print("error: " + " ".join(str(exc).split()), markup=False)
         return EXIT_BAD_INPUT
     return 0
 

@@ -26,6 +26,8 @@ def specdec_prepare_draft_tokens(
         return None
     proposals = []
     for request in requests:
+        if config.fail_on_token is not None and config.fail_on_token in request.token_ids:
+            raise RuntimeError(f"echo: token {config.fail_on_token} in request {request.request_id}")
         n = request.max_draft_len if config.repeat == 0 else min(config.repeat, request.max_draft_len)
         proposals.append(DraftProposal([request.token_ids[-1]] * n))
     return proposals

@@ -1,0 +1,143 @@
+"""``specdec serve``: the OpenAI, Triton and Prometheus HTTP endpoints over one loaded model."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from specdec.cli.common import build_config, method_options, model_options, quiet_transformers
+from specdec.config_loader import split_llm_api_options
+from specdec.errors import ConfigError, SpecdecError
+from specdec.llm import LLM
+
+#: The served name of the embedded default model.
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+#: Modules of the ``serve`` extra.
+_SERVE_MODULES = {"fastapi", "starlette", "uvicorn", "prometheus_client"}
+#: Options of a TensorRT-LLM LLM API file that ``serve`` honours; the others are reported as ignored.
+_HONOURED_OPTIONS = ("max_batch_size",)
+
+
+@click.command()
+@model_options
+@method_options(config_aliases=("--extra_llm_api_options",))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=None,
+              help="Most requests decoded together [default: the config file's max_batch_size, else 8].")
+@click.option("--max-queue-size", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Most requests waiting for a place in the batch; more are refused with 429.")
+@click.option("--served-model-name", default=None,
+              help="The model's name in requests and responses [default: the model directory's name].")
+@click.option("--max-request-bytes", type=click.IntRange(min=1), default=1 << 20, show_default=True,
+              help="Largest request body; larger ones are refused with 413.")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds requests in flight may take to finish after SIGTERM before they are aborted.")
+@click.option("--warmup/--no-warmup", default=True, show_default=True,
+              help="Measure step costs for every batch size before serving (else in idle time while serving).")
+@click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
+def serve(model, dtype, device, config_file, method, max_draft_len, speculative_model, settings, host, port,
+          max_batch_size, max_queue_size, served_model_name, max_request_bytes, shutdown_timeout, warmup,
+          access_log) -> None:
+    """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, Triton
+    /v2/models/NAME/generate, /health and Prometheus /metrics.
+
+    --extra_llm_api_options takes trtllm-serve's YAML file as it is: its speculative_config and
+    max_batch_size are used, other keys are reported as ignored.
+    """
+    try:
+        from specdec.server.app import create_app
+        from specdec.server.uvicorn_runner import run_app
+    except ImportError as exc:
+        if exc.name not in _SERVE_MODULES:
+            raise
+        raise SpecdecError(
+            f"specdec serve needs the serve extra ({exc.name} is missing): pip install 'specdec[serve]'"
+        ) from None
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    config = build_config(config_file, method, max_draft_len, settings, speculative_model)
+    if config_file:
+        config, options = split_llm_api_options(config)
+        file_batch_size = _option_batch_size(options, err)
+        max_batch_size = max_batch_size or file_batch_size
+    with _bind(host, port) as sock:
+        quiet_transformers()
+        with err.status("loading model"):
+            llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=max_batch_size or 8,
+                      max_queue_size=max_queue_size)
+        try:
+            if warmup:
+                _warm_up(llm, err)
+            name = served_model_name or _default_name(model)
+            url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
+            err.print(f"serving {name} ({llm.method}, batch {llm.engine.max_batch_size}) at {url}: "
+                      f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics")
+            _log_to(err)
+            if not run_app(create_app(llm, name, max_request_bytes), sock, shutdown_timeout, access_log):
+                raise SpecdecError("the server did not start (see the log above)")
+        finally:
+            llm.close()
+
+
+def _warm_up(llm: LLM, err: Console) -> None:
+    """Measure the step costs of every batch size now (the adaptive draft length needs them)
+    rather than in idle moments between the first requests, which a measurement then delays."""
+    engine = llm.engine
+    engine.policy.want(engine.max_batch_size)
+    total = len(engine.policy.pending_measurements())
+    with err.status(f"warming up: measuring step costs (0 of {total} batch sizes)") as status:
+        done = 0
+        while engine.idle_work():
+            done += 1
+            status.update(f"warming up: measuring step costs ({done} of {total} batch sizes)")
+
+
+def _option_batch_size(options: dict[str, Any], err: Console) -> int | None:
+    """The LLM API file's ``max_batch_size``; other options are reported, once, as ignored."""
+    ignored = sorted(key for key in options if key not in _HONOURED_OPTIONS)
+    if ignored:
+        err.print(f"warning: ignoring LLM API options specdec does not use: {', '.join(ignored)}")
+    value = options.get("max_batch_size")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"max_batch_size: must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (uvicorn listens on it once the app has started): a port
+    in use fails here, before the model loads."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SpecdecError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _default_name(model: str | None) -> str:
+    """The model directory's name for a local model, the Hugging Face id for a hub model."""
+    if model is None:
+        return DEFAULT_MODEL_NAME
+    path = Path(model)
+    return path.resolve().name if path.exists() else model
+
+
+def _log_to(console: Console) -> None:
+    """Send the server's own log (engine thread failures) to the console, as uvicorn logs."""
+    logger = logging.getLogger("specdec.server")
+    handler = logging.StreamHandler(console.file)
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

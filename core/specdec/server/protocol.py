@@ -1,0 +1,174 @@
+"""Request bodies of the OpenAI and Triton endpoints, and the sampling parameters they ask for.
+
+Unknown OpenAI fields are ignored, as vLLM does, except those whose meaning this server cannot
+honour (penalties, logprobs, tools, ...): a non-neutral value of one of those is a 400 rather
+than silently different output. Triton's generate body is strict, as Triton is about inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from specdec.sampling import SamplingParams
+from specdec.server.errors import APIError, from_validation_error
+
+#: Fields of OpenAI's API this server does not implement, with the values that mean "off".
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _OpenAIRequest(BaseModel):
+    """The sampling fields both OpenAI endpoints share (vLLM's extensions ``top_k``,
+    ``ignore_eos``, ``stop_token_ids`` included), and ``return_perf_metrics`` (TensorRT-LLM's
+    name) to add the request's speculation metrics to the response."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1, description="vLLM: 0 or -1 disables it.")
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_perf_metrics: bool = False
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only n=1 is supported")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def check_supported(self) -> None:
+        """Raise a 400 naming the first unsupported feature the request turns on."""
+        for name, value in (self.model_extra or {}).items():
+            if name in _NEUTRAL and value not in _NEUTRAL[name]:
+                raise APIError(400, f"{name}: not supported by this server", name)
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """The engine's parameters; OpenAI's default temperature is 1 (sampling)."""
+        return make_sampling_params(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
+            max_tokens=max_tokens,
+            stop=self.stop or [],
+            stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+        )
+
+
+class CompletionRequest(_OpenAIRequest):
+    #: Text, token ids, or a list holding one of those (one prompt per request).
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+
+    def single_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: only one prompt per request is supported", "prompt")
+            prompt = prompt[0]
+        if not prompt:
+            raise APIError(400, "prompt: empty", "prompt")
+        return prompt
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class TritonGenerateRequest(BaseModel):
+    """The body of Triton's generate endpoint for the TensorRT-LLM LLM API model: ``text_input``
+    and ``sampling_param_*`` inputs. As in TensorRT-LLM, decoding is greedy unless a temperature,
+    top-k or top-p is given; the output repeats the input unless ``exclude_input_in_output``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text_input: str = Field(min_length=1)
+    sampling_param_max_tokens: int = Field(default=32, ge=1)
+    sampling_param_temperature: float | None = Field(default=None, ge=0.0)
+    sampling_param_top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    sampling_param_top_k: int | None = Field(default=None, ge=0)
+    sampling_param_seed: int | None = None
+    sampling_param_stop: str | list[str] | None = None
+    sampling_param_return_perf_metrics: bool = False
+    exclude_input_in_output: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        sampled = self.sampling_param_top_k or self.sampling_param_top_p is not None
+        temperature = self.sampling_param_temperature
+        return make_sampling_params(
+            temperature=(1.0 if sampled else 0.0) if temperature is None else temperature,
+            top_p=1.0 if self.sampling_param_top_p is None else self.sampling_param_top_p,
+            top_k=self.sampling_param_top_k or 0,
+            max_tokens=self.sampling_param_max_tokens,
+            stop=self.sampling_param_stop or [],
+            seed=self.sampling_param_seed,
+        )
+
+
+def make_sampling_params(**fields: Any) -> SamplingParams:
+    try:
+        return SamplingParams(**fields)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+def parse(model: type[BaseModel], body: bytes) -> Any:
+    """Validate a JSON body into ``model``; a 400 for bad JSON or a bad field."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        if exc.errors()[0]["type"] == "json_invalid":
+            raise APIError(400, f"the body is not valid JSON: {exc.errors()[0]['ctx']['error']}") from None
+        raise from_validation_error(exc) from None

@@ -1,0 +1,40 @@
+"""What the routes share: the loaded LLM, the engine thread, the served name and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jinja2 import TemplateError
+
+from specdec.errors import ConfigError
+from specdec.llm import LLM
+from specdec.server.async_engine import AsyncEngine
+from specdec.server.errors import APIError
+from specdec.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    llm: LLM
+    engine: AsyncEngine
+    model_name: str
+    metrics: ServerMetrics
+
+    @property
+    def max_length(self) -> int:
+        """The model's context length, prompt and output together."""
+        return self.llm.runner.max_length
+
+    def check_model(self, name: str | None) -> None:
+        """A 404 unless ``name`` is the served model (an OpenAI request may leave it out)."""
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"The model `{name}` does not exist (this server serves `{self.model_name}`).", "model")
+
+    def encode(self, prompt: str | list[dict[str, str]], chat: bool, param: str) -> list[int]:
+        """Token ids of a text prompt or a conversation; a 400 naming ``param`` if it cannot be."""
+        try:
+            return self.llm.encode(prompt, chat=chat)
+        except ConfigError as exc:
+            raise APIError(400, str(exc), param) from None
+        except (ValueError, TemplateError) as exc:  # the chat template refused the messages
+            raise APIError(400, f"{param}: {exc}", param) from None

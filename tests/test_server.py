@@ -1,0 +1,471 @@
+"""`specdec serve`: real servers in subprocesses on 127.0.0.1, driven by real clients (the official
+`openai` client, httpx with raw bodies as curl sends them, prometheus_client's parser).
+
+Three servers of the tiny float32 model start together, once for the module: n-gram speculation
+for most tests, the example `echo` plugin told to fail for one token (failure isolation), and a
+one-row, one-slot server (a full queue, then SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec import LLM, SamplingParams
+from specdec.cli.main import main
+
+#: The main server's --served-model-name (the Triton tutorial's model name).
+MODEL = "tensorrt_llm"
+URL_LINE = re.compile(r"serving \S+ .* at (http://127\.0\.0\.1:\d+)")
+#: Prompts for concurrent greedy requests: the tiny tokenizer knows lowercase letters and " .,:!?\n".
+WORDS = ["the quick", "hello world", "brown fox", "lazy dog", "jumps over", "a small cat", "red apple", "blue sky"]
+ENDS = ["and more", "again and again", "says hi", "or not"]
+PROMPTS = [f"{a} {b}" for a in WORDS for b in ENDS]
+#: One compute thread per server: the tiny model gains nothing from more, and servers and the test
+#: process share the machine's cores (with several threads each, a 64-wide matmul spins for ms).
+SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: A request that runs until it is aborted (about a second: sampled text gives n-gram drafts
+#: little to accept, and the tiny model's context is 1024 tokens).
+LONG = {"prompt": "count: a b c", "max_tokens": 1000, "ignore_eos": True, "temperature": 1, "seed": 0}
+
+
+class Server:
+    """`specdec serve` in a subprocess on a port it picks itself (``--port 0``), its log in a file."""
+
+    def __init__(self, log: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "specdec.cli.main", "serve", "--dtype", "float32", "--port", "0", *args],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_ENV, **(env or {})},
+            )
+        self.url = ""
+
+    def wait_ready(self, timeout: float = 180.0) -> Server:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server exited with {self.proc.returncode}:\n{self.log.read_text()}"
+            match = self.url or URL_LINE.search(self.log.read_text())
+            if match:
+                self.url = self.url or match.group(1)
+                try:
+                    if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                        return self
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.1)
+        raise AssertionError(f"the server was not ready within {timeout} s:\n{self.log.read_text()}")
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=60, **kwargs)
+
+    def post(self, path: str, body: object, timeout: float | httpx.Timeout = 60) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", json=body, timeout=timeout)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of /metrics by (name, sorted labels)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+        }
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+def _total(metrics: dict, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, ls), v in metrics.items() if n == name and set(labels.items()) <= set(ls))
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_dir: Path) -> Iterator[LLM]:
+    """The same model, decoded plainly in this process: the reference for greedy outputs."""
+    with LLM(str(tiny_dir), dtype="float32") as llm:
+        yield llm
+
+
+def _greedy(llm: LLM, prompt: str, max_tokens: int, **fields: object) -> str:
+    return llm.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens, **fields))[0].text
+
+
+#: ModelOpt's deployment file for trtllm-serve, as it is but for the model path and one batch row.
+TRTLLM_OPTIONS = """\
+enable_attention_dp: false
+disable_overlap_scheduler: true
+enable_autotuner: false
+max_batch_size: 1
+
+cuda_graph_config:
+    max_batch_size: 1
+
+speculative_config:
+    decoding_type: NGram
+    max_draft_len: 3
+
+kv_cache_config:
+    enable_block_reuse: false
+"""
+
+#: Prompts decoded beside the failing request; the echo server fails for a token none of them holds.
+BESIDE = ["hello world", "the quick brown fox", "a lazy dog"]
+
+
+@pytest.fixture(scope="module")
+def fail_token(offline: LLM) -> tuple[int, str]:
+    """A character token in no prompt or greedy output of :data:`BESIDE`, and the character."""
+    used = set("".join(BESIDE + [_greedy(offline, p, 12) for p in BESIDE]))
+    char = next(c for c in "!?:.,zyxwvq" if c not in used)
+    return offline.encode(char)[-1], char
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, installed_plugins: Path,
+            fail_token: tuple[int, str]) -> Iterator[dict[str, Server]]:
+    """The three servers, started together (their start-up overlaps)."""
+    logs = tmp_path_factory.mktemp("server-logs")
+    model = ["--model", str(tiny_dir)]
+    plain_costs = ["--set", "adaptive_draft_len=false"]  # no cost measurements to wait for
+    trtllm_options = logs / "extra-llm-api-config.yml"
+    trtllm_options.write_text(TRTLLM_OPTIONS)
+    started = {
+        "main": Server(logs / "main.log", [*model, "--method", "ngram", "--max-draft-len", "3", *plain_costs,
+                                             "--served-model-name", "tensorrt_llm", "--max-request-bytes", "65536"]),
+        "echo": Server(logs / "echo.log", [*model, "--method", "echo", *plain_costs,
+                                             "--set", f"fail_on_token={fail_token[0]}"],
+                       env={"PYTHONPATH": str(installed_plugins)}),
+        "small": Server(logs / "small.log", [*model, "--extra_llm_api_options", str(trtllm_options),
+                                               "--max-queue-size", "1", "--shutdown-timeout", "1"]),
+    }
+    try:
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def server(servers: dict[str, Server]) -> Server:
+    return servers["main"].wait_ready()
+
+
+@pytest.fixture(scope="module")
+def echo_server(servers: dict[str, Server]) -> Server:
+    return servers["echo"].wait_ready()
+
+
+@pytest.fixture(scope="module")
+def small_server(servers: dict[str, Server]) -> Server:
+    return servers["small"].wait_ready()
+
+
+def test_serve_without_the_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the serve extra, `serve` fails in one line naming the extra (exit status 2)."""
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # `import fastapi` raises ModuleNotFoundError
+    for name in [m for m in sys.modules if m.startswith("specdec.server")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["serve", "--model", "/nonexistent"]) == 2
+    assert "pip install 'specdec[serve]'" in capsys.readouterr().err
+
+
+def test_health_and_models(server: Server, echo_server: Server, tiny_dir: Path) -> None:
+    """/health and Triton's readiness answer 200; /v1/models lists the served model: by
+    --served-model-name, else by the model directory's name."""
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/v2/health/ready").status_code == 200
+    assert [(m.id, m.object) for m in server.client().models.list().data] == [("tensorrt_llm", "model")]
+    assert [m.id for m in echo_server.client().models.list().data] == [tiny_dir.name]
+
+
+def test_trtllm_options_file_is_taken_as_it_is(small_server: Server) -> None:
+    """--extra_llm_api_options with ModelOpt's file: its speculative_config and max_batch_size are
+    used, the other keys reported once, in one warning line."""
+    log = small_server.log.read_text()
+    assert "(ngram, batch 1)" in log
+    warnings = [line for line in log.splitlines() if "ignoring" in line]
+    assert len(warnings) == 1
+    for key in ("cuda_graph_config", "disable_overlap_scheduler", "enable_attention_dp", "enable_autotuner",
+                "kv_cache_config"):
+        assert key in warnings[0]
+
+
+def test_completion_matches_offline_greedy(server: Server, offline: LLM) -> None:
+    """A greedy completion is the offline greedy output; usage counts the tokens."""
+    client = server.client()
+    out = client.completions.create(model=MODEL, prompt="hello world, hello", max_tokens=20, temperature=0)
+    assert out.object == "text_completion" and out.model == MODEL and out.id.startswith("cmpl-")
+    choice = out.choices[0]
+    assert choice.text == _greedy(offline, "hello world, hello", 20)
+    assert choice.finish_reason in ("stop", "length") and choice.logprobs is None
+    assert out.usage.prompt_tokens == len(offline.encode("hello world, hello"))
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_chat_streaming_equals_non_streaming(server: Server, offline: LLM) -> None:
+    """Streamed chat chunks (role first, usage last) add up to the non-streamed reply and the
+    offline chat reply; perf metrics come with the last content chunk when asked for."""
+    client = server.client()
+    messages = [{"role": "user", "content": "say hello"}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=16, temperature=0)
+    expected = offline.chat(messages, SamplingParams(temperature=0, max_tokens=16))[0].text
+    assert reply.object == "chat.completion" and reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == expected
+    chunks = list(client.chat.completions.create(
+        model=reply.model, messages=messages, max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"return_perf_metrics": True},
+    ))
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    last = [c for c in chunks if c.choices][-1]
+    assert last.choices[0].finish_reason == reply.choices[0].finish_reason
+    assert set(last.perf_metrics) == {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                                      "mean_acceptance_length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
+
+
+def test_completion_stream_honours_stop_and_seed(server: Server, offline: LLM) -> None:
+    """A stop string ends the streamed text before it, as offline; a seed makes sampling repeatable."""
+    client = server.client()
+    full = _greedy(offline, "hello world", 24)
+    stop = full[8:10]
+    expected = _greedy(offline, "hello world", 24, stop=[stop])
+    chunks = list(client.completions.create(model=MODEL, prompt="hello world", max_tokens=24, temperature=0,
+                                            stop=stop, stream=True))
+    assert expected and stop not in expected
+    assert "".join(c.choices[0].text for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    sampled = [client.completions.create(model=MODEL, prompt="hello world", max_tokens=12, temperature=0.9,
+                                         top_p=0.95, seed=7, extra_body={"top_k": 20}).choices[0].text
+               for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+
+def test_triton_generate_as_the_tutorial_sends_it(server: Server, offline: LLM) -> None:
+    """The Triton tutorial's curl body (curl -d: a form content type), its reply shape, the prompt
+    echoed unless excluded, and the speculation metrics on request; an unknown model is a 404."""
+    url = f"{server.url}/v2/models/tensorrt_llm/generate"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    body = '{"text_input": "What is ML?", "sampling_param_max_tokens": 50, "sampling_param_return_perf_metrics": true}'
+    reply = httpx.post(url, content=body, headers=form, timeout=60)
+    assert reply.status_code == 200, reply.text
+    out = reply.json()
+    assert out["model_name"] == "tensorrt_llm" and out["model_version"] == "1"
+    assert out["text_output"] == "What is ML?" + _greedy(offline, "What is ML?", 50)
+    assert out["total_draft_tokens"] >= out["total_accepted_draft_tokens"] >= 0 and 0 <= out["acceptance_rate"] <= 1
+    plain = httpx.post(url, content='{"text_input": "What is ML?", "sampling_param_max_tokens": 5, '
+                                    '"exclude_input_in_output": true}', timeout=60).json()
+    assert plain["text_output"] == _greedy(offline, "What is ML?", 5) and "acceptance_rate" not in plain
+    missing = httpx.post(f"{server.url}/v2/models/llama/generate", content=body, timeout=60)
+    assert missing.status_code == 404 and "llama" in missing.json()["error"]
+    bad = httpx.post(url, content='{"text_input": "x", "sampling_param_top_p": 2}', timeout=60)
+    assert bad.status_code == 400 and "top_p" in bad.json()["error"]
+
+
+def test_metrics_count_what_the_requests_report(server: Server) -> None:
+    """The spec-decode counters move by the perf metrics the requests report; request, token and
+    latency series move by one request each."""
+    client = server.client()
+    before = server.metrics()
+    outs = [client.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0,
+                                      extra_body={"return_perf_metrics": True, "ignore_eos": True})
+            for p in ("abc abc abc ab", "hello hello hello")]
+    after = server.metrics()
+
+    def moved(name: str, **labels: str) -> float:
+        return _total(after, name, **labels) - _total(before, name, **labels)
+
+    perf = [o.model_extra["perf_metrics"] for o in outs]
+    assert moved("vllm:spec_decode_num_draft_tokens_total") == sum(p["total_draft_tokens"] for p in perf) > 0
+    accepted = sum(p["total_accepted_draft_tokens"] for p in perf)
+    assert moved("vllm:spec_decode_num_accepted_tokens_total") == accepted > 0
+    assert moved("vllm:spec_decode_num_accepted_tokens_per_pos_total") == accepted
+    assert moved("vllm:spec_decode_num_drafts_total") > 0
+    assert moved("vllm:request_success_total", finished_reason="length") == 2
+    assert moved("vllm:generation_tokens_total") == sum(o.usage.completion_tokens for o in outs) == 48
+    assert moved("vllm:prompt_tokens_total") == sum(o.usage.prompt_tokens for o in outs)
+    for histogram in ("time_to_first_token", "e2e_request_latency"):
+        assert moved(f"vllm:{histogram}_seconds_count") == 2
+    assert moved("vllm:inter_token_latency_seconds_count") > 0
+    assert _total(after, "vllm:num_requests_running") == _total(after, "vllm:num_requests_waiting") == 0
+
+
+def test_concurrent_clients_each_get_their_offline_output(server: Server, offline: LLM) -> None:
+    """32 clients at once (4x the batch): every reply completes and equals its prompt decoded
+    offline and alone."""
+
+    async def run_all() -> list[str]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+
+        async def one(prompt: str) -> str:
+            out = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+            return out.choices[0].text
+
+        async with client:
+            return await asyncio.wait_for(asyncio.gather(*(one(p) for p in PROMPTS)), timeout=60)
+
+    texts = asyncio.run(run_all())
+    assert texts == [_greedy(offline, p, 12) for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/v1/completions", b'{"prompt": "hi", ', 400, None),
+        ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
+        ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 1}, 400, "logprobs"),
+        ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "a" * 2000}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "a" * 70000}, 413, None),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+    ],
+)
+def test_client_errors_are_4xx_with_openai_error_json(server: Server, path: str, body: object, status: int,
+                                                     param: str | None) -> None:
+    """Each bad request gets its 4xx and OpenAI's error object; the server goes on serving."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    reply = httpx.post(f"{server.url}{path}", content=content, headers={"Content-Type": "application/json"}, timeout=60)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["code"] == status
+    assert error["message"]
+    assert server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_body_limit_holds_without_content_length(server: Server) -> None:
+    """A chunked body (no Content-Length) is cut off with 413 once it passes the limit."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(20):
+            yield b"a" * 4096
+        yield b'"}'
+
+    reply = httpx.post(f"{server.url}/v1/completions", content=chunks(), timeout=60)
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == 413
+
+
+def test_client_errors_through_the_openai_client(server: Server) -> None:
+    client = server.client()
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=MODEL, temperature=-1, max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+
+
+def test_disconnected_clients_free_their_rows(server: Server) -> None:
+    """A client that leaves mid-stream, or mid non-streaming request, has its request aborted:
+    the running gauge returns to 0 and the requests count as aborted, not as finished."""
+    before = server.metrics()
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**LONG, "stream": True}, timeout=60) as reply:
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+    with pytest.raises(httpx.ReadTimeout):
+        server.post("/v1/completions", LONG, timeout=httpx.Timeout(60, read=0.1))
+    deadline = time.monotonic() + 20
+    while True:
+        now = server.metrics()
+        aborted = _total(now, "vllm:request_success_total", finished_reason="abort") - \
+            _total(before, "vllm:request_success_total", finished_reason="abort")
+        if aborted == 2 and _total(now, "vllm:num_requests_running") == 0:
+            break
+        assert time.monotonic() < deadline, f"aborted {aborted}, running {_total(now, 'vllm:num_requests_running')}"
+        time.sleep(0.1)
+    assert _total(now, "vllm:request_success_total", finished_reason="length") == \
+        _total(before, "vllm:request_success_total", finished_reason="length")
+
+
+def test_a_failing_drafter_fails_only_its_request(echo_server: Server, offline: LLM, fail_token: tuple[int, str]) -> None:
+    """The echo drafter raises for requests holding the fail token: that request gets a 500
+    (streamed: an error event), the requests decoded beside it finish with their offline output,
+    and the server keeps serving."""
+    client = echo_server.client()
+    model = client.models.list().data[0].id
+    bad_prompt = f"oh no{fail_token[1]} boom"
+    results: dict[str, object] = {}
+
+    def good(prompt: str) -> None:
+        out = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
+        results[prompt] = out.choices[0].text
+
+    def bad() -> None:
+        results["bad"] = echo_server.post("/v1/completions", {"prompt": bad_prompt, "max_tokens": 12, "temperature": 0})
+
+    def bad_stream() -> None:
+        try:
+            list(client.completions.create(model=model, prompt=bad_prompt, max_tokens=12, stream=True))
+        except openai.APIError as exc:
+            results["bad_stream"] = exc
+
+    threads = [threading.Thread(target=good, args=(p,)) for p in BESIDE]
+    threads += [threading.Thread(target=bad), threading.Thread(target=bad_stream)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results["bad"].status_code == 500
+    error = results["bad"].json()["error"]
+    assert error["type"] == "server_error" and "echo" in error["message"] and "RuntimeError" in error["message"]
+    assert "RuntimeError" in str(results["bad_stream"])
+    for prompt in BESIDE:
+        assert results[prompt] == _greedy(offline, prompt, 12)
+    good(BESIDE[0])  # and after it
+    assert results[BESIDE[0]] == _greedy(offline, BESIDE[0], 12)
+    metrics = echo_server.metrics()
+    assert _total(metrics, "vllm:request_success_total", finished_reason="error") == 2
+
+
+def test_a_full_queue_is_refused_at_once(small_server: Server) -> None:
+    """With one batch row and one queue slot taken, the next request is refused with 429 and
+    Retry-After, quickly; the two in flight are unaffected."""
+    url = f"{small_server.url}/v1/completions"
+    with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=60) as running:
+        assert running.status_code == 200
+        lines = running.iter_lines()  # kept: were it collected, httpx would close the connection
+        next(line for line in lines if line.startswith("data:"))
+        with httpx.stream("POST", url, json={**LONG, "stream": True}, timeout=60) as waiting:
+            assert waiting.status_code == 200
+            start = time.monotonic()
+            refused = small_server.post("/v1/completions", LONG)
+            assert refused.status_code == 429 and refused.headers["Retry-After"]
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert time.monotonic() - start < 5
+            assert _total(small_server.metrics(), "vllm:num_requests_waiting") == 1
+
+
+def test_sigterm_ends_requests_and_exits_zero(small_server: Server) -> None:
+    """SIGTERM with a stream in flight: after the grace period (1 s here) the stream ends with an
+    error event and [DONE], and the server exits with status 0. (Runs last: it stops the module's
+    small server.)"""
+    with httpx.stream("POST", f"{small_server.url}/v1/completions", json={**LONG, "stream": True}, timeout=60) as reply:
+        lines = reply.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        small_server.proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data:")]
+    assert rest[-1] == "data: [DONE]"
+    assert "shutting down" in rest[-2] or '"finish_reason":"length"' in rest[-2]
+    assert small_server.proc.wait(timeout=30) == 0, small_server.log.read_text()
