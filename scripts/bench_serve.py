@@ -102,12 +102,17 @@ def _aiperf() -> Path:
 
 
 def _write_prompts(path: Path, categories: tuple[str, ...]) -> None:
-    """aiperf's single_turn format: one {"text": first turn} per line, in Spec-Bench's order."""
-    with SPEC_BENCH.open() as src, path.open("w") as out:
+    """aiperf's single_turn format, one {"text": first turn} per line, taking the categories in
+    turn (aiperf sends the file in order, so any first N prompts cover every category)."""
+    by_category: dict[str, list[str]] = {c: [] for c in categories}
+    with SPEC_BENCH.open() as src:
         for line in src:
             row = json.loads(line)
-            if row["category"] in categories:
-                out.write(json.dumps({"text": row["turns"][0]}) + "\n")
+            if row["category"] in by_category:
+                by_category[row["category"]].append(row["turns"][0])
+    with path.open("w") as out:
+        for group in zip(*by_category.values()):
+            out.writelines(json.dumps({"text": text}) + "\n" for text in group)
 
 
 class _Server:
@@ -119,7 +124,8 @@ class _Server:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.cmd = [str(ROOT / ".venv" / "bin" / "specdec"), "serve", *method_args, "--port", str(self.port),
-                    "--dtype", args.dtype, "--max-batch-size", str(args.max_batch_size)]
+                    "--dtype", args.dtype, "--max-batch-size", str(args.max_batch_size),
+                    "--served-model-name", "specdec"]
         self.log = args.out / f"server-{name}.log"
 
     def __enter__(self) -> int:
@@ -180,12 +186,15 @@ def _profile(aiperf: Path, port: int, tokenizer: str, prompts: Path, concurrency
 def _offline(args: argparse.Namespace) -> dict:
     """`specdec bench` on the first turns the servers got, batch 1: spec and plain tokens/s."""
     out = {}
-    for server in ("ngram", "eagle3"):
+    for server in [s for s in ("ngram", "eagle3") if s in args.servers]:
         method = SERVERS[server][0][1]
         for prompts in SERVERS[server][1]:
+            # The prompts the concurrency-1 run sent, warm-up included (the file takes categories in turn).
+            per_category = -(-(args.warmup + args.requests) // len(PROMPT_SETS[prompts]))
             path = args.out / f"offline-{server}-{prompts}.json"
             subprocess.run([str(ROOT / ".venv" / "bin" / "specdec"), "bench", "--method", method, "--dtype", args.dtype,
-                            "--categories", ",".join(PROMPT_SETS[prompts]), "--num-prompts", "2", "--max-turns", "1",
+                            "--categories", ",".join(PROMPT_SETS[prompts]), "--num-prompts", str(per_category),
+                            "--max-turns", "1",
                             "--max-tokens", str(args.max_tokens), "--ignore-eos", "--json", str(path)], check=True)
             summary = json.loads(path.read_text())["summary"]["overall"]
             out[f"{server}/{prompts}"] = {k: summary[k] for k in ("tokens_per_second", "plain_tokens_per_second", "speedup")}

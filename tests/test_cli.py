@@ -203,3 +203,17 @@ def test_list_methods_reports_installed_and_broken_plugins(installed_plugins: Pa
     table = capsys.readouterr().out
     # The table wraps long cells at word boundaries on an 80-column capture.
     assert "failed" in table and "broken" in table and "echo" in table
+
+
+def test_a_failing_plugin_is_one_line_and_exit_2(installed_plugins: Path, tiny_dir: Path, tiny) -> None:
+    """A pip-installed plugin whose drafter raises during generation: the command prints one
+    error line naming the method and the exception, no traceback, and exits with 2."""
+    bad = tiny.encode("h")[0]
+    result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--method", "echo",
+                     "--set", f"fail_on_token={bad}", "--no-chat", "--max-tokens", "8", "hello",
+                     env={"PYTHONPATH": str(installed_plugins)})
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert "echo" in lines[0] and "RuntimeError" in lines[0]

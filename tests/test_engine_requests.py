@@ -27,15 +27,17 @@ def alone(tiny, prompts):
     return [plain.generate({"prompt_token_ids": p}, params)[0] for p in prompts]
 
 
-def _run(engine, limit: int = 500) -> dict[int, list]:
-    """Step ``engine`` until it is idle; every delta, by request id."""
-    deltas: dict[int, list] = {}
-    for _ in range(limit):
-        if not engine.has_unfinished_requests():
+def _run(engine, steps: int | None = None, deltas: dict[int, list] | None = None) -> dict[int, list]:
+    """Step ``engine`` ``steps`` times, or until it is idle; every delta, by request id, added to ``deltas``."""
+    deltas = {} if deltas is None else deltas
+    for _ in range(steps or 500):
+        if steps is None and not engine.has_unfinished_requests():
             return deltas
         for delta in engine.step():
             deltas.setdefault(delta.request_id, []).append(delta)
-    raise AssertionError("the engine did not finish")
+    if steps is None:
+        raise AssertionError("the engine did not finish")
+    return deltas
 
 
 def test_requests_join_a_running_batch_and_decode_as_alone(tiny, prompts, alone):
@@ -46,15 +48,11 @@ def test_requests_join_a_running_batch_and_decode_as_alone(tiny, prompts, alone)
     with LLM(tiny.model, NGramDecodingConfig(max_draft_len=4), tokenizer=tiny.tokenizer, max_batch_size=3) as llm:
         engine = llm.engine
         first = [engine.add_request(p, params) for p in prompts[:2]]
-        deltas: dict[int, list] = {}
-        for _ in range(3):
-            for delta in engine.step():
-                deltas.setdefault(delta.request_id, []).append(delta)
+        deltas = _run(engine, steps=3)
         assert engine.num_running == 2 and not engine.num_waiting
         late = [engine.add_request(p, params) for p in prompts[2:]]
         assert engine.num_waiting == 2
-        for rid, more in _run(engine).items():
-            deltas.setdefault(rid, []).extend(more)
+        _run(engine, deltas=deltas)
     for rid, expected in zip(first + late, alone):
         got = deltas[rid]
         assert sum((d.new_token_ids for d in got), []) == expected.token_ids
@@ -106,10 +104,7 @@ def test_abort_frees_the_row_and_drafter_state_at_once(tiny, prompts, alone):
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer, max_batch_size=2) as llm:
         engine = llm.engine
         ids = [engine.add_request(p, params) for p in prompts[:3]]
-        deltas: dict[int, list] = {}
-        for _ in range(2):
-            for delta in engine.step():
-                deltas.setdefault(delta.request_id, []).append(delta)
+        deltas = _run(engine, steps=2)
         assert engine._cache.num_rows == 2 and manager.live == set(ids[:2])
         delta = engine.abort(ids[0])
         assert delta.finished and delta.finish_reason == "abort" and delta.request_id == ids[0]
@@ -117,8 +112,7 @@ def test_abort_frees_the_row_and_drafter_state_at_once(tiny, prompts, alone):
         assert engine.abort(ids[0]) is None  # already gone
         waiting = engine.add_request(prompts[3], params)
         assert engine.abort(waiting).finish_reason == "abort" and engine.num_waiting == 1
-        for rid, more in _run(engine).items():
-            deltas.setdefault(rid, []).extend(more)
+        _run(engine, deltas=deltas)
     assert waiting not in deltas
     for rid, expected in ((ids[1], alone[1]), (ids[2], alone[2])):
         assert sum((d.new_token_ids for d in deltas[rid]), []) == expected.token_ids

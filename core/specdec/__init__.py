@@ -3,12 +3,12 @@
 from specdec.attention import grouped_query_attention
 from specdec.builtin.user_provided import UserProvidedDecodingConfig
 from specdec.config import DraftingConfig, PlainDecodingConfig, SpeculativeConfig
-from specdec.errors import ConfigError, PluginError, SpecdecError, UnknownMethodError
+from specdec.errors import ConfigError, PluginError, QueueFullError, RequestFailedError, SpecdecError, UnknownMethodError
 from specdec.hookspecs import hookimpl
 from specdec.llm import LLM, RequestOutput
 from specdec.metrics import RequestMetrics
 from specdec.prepacked_linear import prepack_linears
-from specdec.requests import DraftProposal, Request, VerifyResult
+from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import ResourceManager, TargetContext
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 
@@ -19,7 +19,10 @@ __all__ = [
     "DraftingConfig",
     "PlainDecodingConfig",
     "PluginError",
+    "QueueFullError",
     "Request",
+    "RequestDelta",
+    "RequestFailedError",
     "RequestMetrics",
     "RequestOutput",
     "ResourceManager",
