@@ -153,16 +153,18 @@ class _FailsFor:
             self._check(requests)
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("hook", ["draft", "accept"])
-def test_a_plugin_failure_ends_only_its_request(tiny, prompts, alone, hook):
+def test_a_plugin_failure_ends_only_its_request(tiny, prompts, alone, hook, adaptive):
     """A drafter raising, in the batch, for one request of three: that request ends with
     ``finish_reason="error"`` and a message naming the method and the error; the two beside it
-    decode exactly as alone; ``generate`` raises a PluginError carrying every output, and the
-    engine serves new requests afterwards."""
+    decode exactly as alone (with the adaptive draft length too, whose step plan was made for
+    three); ``generate`` raises a PluginError carrying every output, and the engine serves new
+    requests afterwards."""
     bad = tiny.encode("#")[0]
     assert all(bad not in p for p in prompts)
     batch = [prompts[0], [*prompts[1], bad], prompts[2]]
-    config = UserProvidedDecodingConfig(drafter=_FailsFor(bad, hook), max_draft_len=3, adaptive_draft_len=False)
+    config = UserProvidedDecodingConfig(drafter=_FailsFor(bad, hook), max_draft_len=3, adaptive_draft_len=adaptive)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
         with pytest.raises(RequestFailedError, match=r"user_provided.*RuntimeError: cannot handle token.*1 of 3") as info:

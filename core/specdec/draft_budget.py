@@ -28,12 +28,17 @@ class StepBudget:
     """This step's plan: each request's draft budget and what the policy needs to learn from it."""
 
     budgets: list[int]
+    #: The batch size planned for (requests that fail during the step leave the batch, not the plan).
+    rows: int
     #: Forward costs at this step's context, corrected by measured steps (``None``: not adaptive).
     cost: ForwardCost | None = None
     #: The uncorrected costs the step's timing is compared against.
     predicted: ForwardCost | None = None
-    #: Tokens each request has left, for a batch that only drains toward known lengths.
-    remaining: list[int] | None = None
+    #: Tokens each request has left (by request id), for a batch that only drains toward known lengths.
+    remaining: dict[int, int] | None = None
+
+    def remaining_of(self, batch: Sequence[Request]) -> list[int] | None:
+        return [self.remaining[r.request_id] for r in batch] if self.remaining is not None else None
 
     @property
     def drafts(self) -> bool:
@@ -104,13 +109,13 @@ class DraftBudget:
         config, rows = self.config, len(batch)
         limit = config.draft_len_for_batch(rows)
         budgets = [max(min(limit, left - 1), 0) for left in tokens_left]
-        plan = StepBudget(budgets)
+        plan = StepBudget(budgets, rows)
         if not self.adaptive or limit == 0:
             return plan
         plan.predicted = self._costs(rows).at(longest_context)
         plan.cost = self.step_times.setdefault(rows, StepTime()).correct(plan.predicted)
         if remaining is not None and None not in remaining:
-            plan.remaining = list(remaining)
+            plan.remaining = {r.request_id: left for r, left in zip(batch, remaining)}
         measured = self.draft_time.get(rows)
         unit = plan.cost.base_seconds
         draft_cost = measured.seconds / unit if measured is not None and unit else 0.0
@@ -119,7 +124,7 @@ class DraftBudget:
         # A batch whose recent acceptance does not pay for the drafting and the wider forward
         # skips the drafter.
         keep = plan.cost.best_length(
-            [r.acceptance for r in batch], budgets, draft_cost, tree_depth, setup_cost, plan.remaining
+            [r.acceptance for r in batch], budgets, draft_cost, tree_depth, setup_cost, plan.remaining_of(batch)
         )
         if keep == 0 and measured is not None:
             measured.fade(config.adaptive_window)
@@ -130,7 +135,7 @@ class DraftBudget:
                 setup_seconds: float) -> list[DraftProposal]:
         """The drafter took ``seconds`` (``setup_seconds`` of it catching up after a pause) to
         offer ``proposals``; returns them cut to the length worth verifying."""
-        rows, longest = len(proposals), max((len(p) for p in proposals), default=0)
+        rows, longest = plan.rows, max((len(p) for p in proposals), default=0)
         if not longest:
             return proposals
         self.resume_cost.drafted(rows, setup_seconds)
@@ -144,7 +149,9 @@ class DraftBudget:
             # lose the branches that make it worth drafting.
             return proposals
         # The offered lengths are known now (an n-gram often offers fewer than its budget).
-        keep = plan.cost.best_length([r.acceptance for r in batch], [len(p) for p in proposals], remaining=plan.remaining)
+        keep = plan.cost.best_length(
+            [r.acceptance for r in batch], [len(p) for p in proposals], remaining=plan.remaining_of(batch)
+        )
         return [p.truncated(keep) for p in proposals]
 
     def observe(self, plan: StepBudget, batch: Sequence[Request], proposals: Sequence[DraftProposal],
@@ -163,7 +170,7 @@ class DraftBudget:
             self.resume_cost.paused()
         if plan.predicted is not None:
             drafts = max((len(p) for p in proposals), default=0)
-            self.step_times[len(batch)].record(drafts, seconds, plan.predicted.seconds[drafts])
+            self.step_times[plan.rows].record(drafts, seconds, plan.predicted.seconds[drafts])
 
     def _costs(self, rows: int) -> ContextCost:
         """Measured costs for ``rows``, or the nearest smaller measured batch's while it waits to be measured."""
