@@ -9,8 +9,10 @@ in its own virtual environment (`.venv-aiperf`, made on first use): it pins its 
     .venv/bin/python scripts/bench_serve.py --out bench-results/serve
 
 Writes `serve.json` (every aiperf summary), a table on the terminal and `serve.png`. With
-`--offline`, `specdec bench` runs the same prompts in-process at batch 1, for the served-vs-offline
-comparison of tokens per second.
+`--offline`, each speculative server is also compared with the same method decoding in-process
+(as `specdec bench` times it), prompt by prompt in turn, the server sent one streamed request at
+a time by a light client, so that both run on the same machine state and without a client
+competing for the CPU.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--offline", action="store_true", help="also run `specdec bench` on the same prompts at batch 1")
+    parser.add_argument("--offline", action="store_true",
+                        help="also compare each speculative server with in-process decoding, interleaved")
     parser.add_argument("--aiperf", type=Path, default=None, help=f"an aiperf executable (default: {AIPERF_VENV.name}, made on first use)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -76,6 +79,7 @@ def main() -> None:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("starting", total=len(runs))
+        offline: dict[str, dict] = {}
         for server in servers:
             with _Server(server, SERVERS[server][0], args) as port:
                 for prompts, concurrency in [(p, c) for s, p, c in runs if s == server]:
@@ -84,7 +88,10 @@ def main() -> None:
                     summary = _profile(aiperf, port, tokenizer, args.out / f"{prompts}.jsonl", concurrency, out, args)
                     results.append({"server": server, "prompts": prompts, "concurrency": concurrency, **summary})
                     progress.advance(task)
-    offline = _offline(args) if args.offline else {}
+                if args.offline and server != "plain":
+                    for prompts in SERVERS[server][1]:
+                        progress.update(task, description=f"{server} on {prompts}: served against in-process")
+                        offline[f"{server}/{prompts}"] = _served_vs_offline(server, port, args.out / f"{prompts}.jsonl", args)
     payload = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": results, "offline": offline}
     (args.out / "serve.json").write_text(json.dumps(payload, indent=2))
     console.print(_table(results, offline))
@@ -183,22 +190,43 @@ def _profile(aiperf: Path, port: int, tokenizer: str, prompts: Path, concurrency
     }
 
 
-def _offline(args: argparse.Namespace) -> dict:
-    """`specdec bench` on the first turns the servers got, batch 1: spec and plain tokens/s."""
-    out = {}
-    for server in [s for s in ("ngram", "eagle3") if s in args.servers]:
-        method = SERVERS[server][0][1]
-        for prompts in SERVERS[server][1]:
-            # The prompts the concurrency-1 run sent, warm-up included (the file takes categories in turn).
-            per_category = -(-(args.warmup + args.requests) // len(PROMPT_SETS[prompts]))
-            path = args.out / f"offline-{server}-{prompts}.json"
-            subprocess.run([str(ROOT / ".venv" / "bin" / "specdec"), "bench", "--method", method, "--dtype", args.dtype,
-                            "--categories", ",".join(PROMPT_SETS[prompts]), "--num-prompts", str(per_category),
-                            "--max-turns", "1",
-                            "--max-tokens", str(args.max_tokens), "--ignore-eos", "--json", str(path)], check=True)
-            summary = json.loads(path.read_text())["summary"]["overall"]
-            out[f"{server}/{prompts}"] = {k: summary[k] for k in ("tokens_per_second", "plain_tokens_per_second", "speedup")}
-    return out
+def _served_vs_offline(server: str, port: int, prompts: Path, args: argparse.Namespace) -> dict:
+    """Tokens/s of the method in-process (``LLM.generate``, as ``specdec bench`` times it) and
+    served (one streamed chat request at a time), prompt by prompt in turn, the order alternating."""
+    import httpx
+
+    from specdec import LLM, SamplingParams
+    from specdec.cli.common import quiet_transformers
+
+    quiet_transformers()
+    texts = [json.loads(line)["text"] for line in prompts.open()][: args.warmup + args.requests]
+    llm = LLM(None, {"method": SERVERS[server][0][1]}, dtype=args.dtype)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    body = {"model": "specdec", "max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+    def offline(text: str) -> int:
+        return len(llm.generate(text, params, chat=True)[0].token_ids)
+
+    def served(text: str) -> int:
+        request = {**body, "messages": [{"role": "user", "content": text}]}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=request, timeout=600) as reply:
+            chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+        return chunks[-1]["usage"]["completion_tokens"]
+
+    totals = {"offline": [0, 0.0], "served": [0, 0.0]}
+    runners = {"offline": offline, "served": served}
+    for i, text in enumerate(texts):
+        for mode in ("offline", "served") if i % 2 == 0 else ("served", "offline"):
+            start = time.perf_counter()
+            tokens = runners[mode](text)
+            if i >= args.warmup:
+                totals[mode][0] += tokens
+                totals[mode][1] += time.perf_counter() - start
+    llm.close()
+    rates = {mode: tokens / seconds for mode, (tokens, seconds) in totals.items()}
+    return {"offline_tokens_per_second": rates["offline"], "served_tokens_per_second": rates["served"],
+            "served_over_offline": rates["served"] / rates["offline"], "prompts": len(texts) - args.warmup}
 
 
 def _machine() -> dict:
@@ -212,7 +240,8 @@ def _machine() -> dict:
 
 
 def _table(results: list[dict], offline: dict) -> Table:
-    table = Table(title="specdec serve under aiperf (streaming chat, greedy, ignore_eos)")
+    table = Table(title="specdec serve under aiperf (streaming chat, greedy, ignore_eos)",
+                  caption="*: one request at a time from a light client, in turn with in-process decoding (--offline)")
     for col in ("server", "prompts", "conc.", "TTFT ms", "ITL ms", "ITL gain", "out tok/s", "vs plain", "errors %"):
         table.add_column(col, justify="left" if col in ("server", "prompts") else "right")
     plain = {(r["prompts"], r["concurrency"]): r for r in results if r["server"] == "plain"}
@@ -224,8 +253,10 @@ def _table(results: list[dict], offline: dict) -> Table:
                       f"{itl_gain:.2f}x" if itl_gain else "-", f"{r['output_tokens_per_second']:.1f}",
                       f"{tput:.2f}x" if tput else "-", f"{r['error_rate'] or 0:.0f}")
     for key, o in offline.items():
-        table.add_row(f"offline {key.split('/')[0]}", key.split("/")[1], "bench", "-", "-", "-",
-                      f"{o['tokens_per_second']:.1f}", f"{o['speedup']:.2f}x", "-")
+        server, prompts = key.split("/")
+        table.add_row(f"{server} in-process", prompts, "1*", "-", "-", "-", f"{o['offline_tokens_per_second']:.1f}", "-", "-")
+        table.add_row(f"{server} served*", prompts, "1*", "-", "-", "-", f"{o['served_tokens_per_second']:.1f}",
+                      f"{o['served_over_offline']:.2f}x in-process", "-")
     return table
 
 

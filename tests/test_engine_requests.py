@@ -7,6 +7,7 @@ import pytest
 from specdec_ngram import NGramDecodingConfig
 
 from specdec import LLM, PluginError, SamplingParams, UserProvidedDecodingConfig
+from specdec.detokenize import IncrementalDetokenizer
 from specdec.draft_policy import ContextCost
 from specdec.errors import QueueFullError, RequestFailedError
 from specdec.resources import ResourceManager
@@ -120,14 +121,15 @@ def test_abort_frees_the_row_and_drafter_state_at_once(tiny, prompts, alone):
 
 
 def test_the_queue_is_bounded(tiny, prompts):
-    """Past ``max_queue_size`` waiting requests, ``add_request`` refuses with QueueFullError;
-    ``generate`` over more prompts than the queue holds still runs them all, queueing as room frees."""
+    """``max_queue_size`` requests may wait beyond the batch's free rows; one more is refused
+    with QueueFullError. ``generate`` over more prompts than that still runs them all, queueing
+    as room frees."""
     params = SamplingParams(max_tokens=4)
-    with LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=1, max_queue_size=2) as llm:
-        llm.engine.add_request(prompts[0], params)
-        llm.engine.add_request(prompts[1], params)
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=2, max_queue_size=1) as llm:
+        for p in prompts[:3]:  # two take the free rows at the next step, one waits
+            llm.engine.add_request(p, params)
         with pytest.raises(QueueFullError, match="queue is full"):
-            llm.engine.add_request(prompts[2], params)
+            llm.engine.add_request(prompts[3], params)
         _run(llm.engine)
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         assert [len(o.token_ids) for o in outs] == [4] * len(prompts)
@@ -219,3 +221,40 @@ def test_a_failed_forward_ends_the_batch_and_the_engine_goes_on(tiny, prompts, a
         assert not engine.has_unfinished_requests() and engine._cache.num_rows == 0
         monkeypatch.undo()
         assert llm.generate({"prompt_token_ids": prompts[2]}, params)[0].token_ids == alone[2].token_ids
+
+
+class _Bytes:
+    """A byte-level tokenizer: token ids are bytes, so a character may span several tokens."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_deltas_wait_for_whole_characters_and_flush_at_the_end():
+    """A character split over tokens is sent once whole; a stop string is cut even when the
+    last token ends inside a character; an output ending mid-character keeps what it decodes to."""
+    detok = IncrementalDetokenizer(_Bytes(), stop=[": "])
+    ids = list("Answer: ".encode()) + list("\u2713".encode())[:1]
+    # The stop string completes with a token that ends inside a character (" " and a lead byte).
+    sent = "".join(detok.delta(ids[:n], finished=False) for n in range(1, len("Answer:") + 1))
+    assert sent == "Answer"  # ":" could begin the stop string
+    assert sent + detok.delta(ids, finished=True) == "Answer"
+    detok = IncrementalDetokenizer(_Bytes(), stop=[])
+    word = list("d\u00e9j\u00e0".encode())
+    sent = [detok.delta(word[:n], finished=False) for n in range(1, len(word) + 1)]
+    assert "\ufffd" not in "".join(sent) and "".join(sent) == "d\u00e9j\u00e0"
+    detok = IncrementalDetokenizer(_Bytes(), stop=[])
+    cut = list("ok \u2713".encode())[:-1]
+    assert "".join(detok.delta(cut[:n], finished=False) for n in range(1, len(cut) + 1)) == "ok "
+    assert detok.delta(cut, finished=True) == _Bytes().decode(cut)[3:]
+
+
+def test_tiny_temperatures_are_greedy_and_seeds_must_fit_a_generator(tiny, prompts):
+    """A temperature below 1e-5 decodes greedily (as vLLM does) instead of dividing logits into
+    NaNs; a seed torch.Generator cannot take is refused naming the field."""
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as llm:
+        greedy = llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=8))[0]
+        tiny_t = llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=8, temperature=1e-40))[0]
+    assert tiny_t.token_ids == greedy.token_ids
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(temperature=1.0, seed=2**64)

@@ -29,7 +29,7 @@ class IncrementalDetokenizer:
         """New text since the last call for the output ``output_ids``."""
         if self.tokenizer is None:
             return ""
-        self._decode(output_ids)
+        self._decode(output_ids, final=finished)
         if finished:
             cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=len(self.text))
             ready = cut
@@ -40,12 +40,14 @@ class IncrementalDetokenizer:
         new, self.sent = self.text[self.sent : ready], ready
         return new
 
-    def _decode(self, ids: list[int]) -> None:
+    def _decode(self, ids: list[int], final: bool) -> None:
+        """Decode the tokens not decoded yet; ``final``: no more will come, so an incomplete
+        character is decoded as it is (as a whole-output decode would)."""
         if self._read_offset >= len(ids):
             return
         prefix = self.tokenizer.decode(ids[self._prefix_offset : self._read_offset], skip_special_tokens=True)
         full = self.tokenizer.decode(ids[self._prefix_offset :], skip_special_tokens=True)
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
+        if not final and (full.endswith("\ufffd") or len(full) <= len(prefix)):
             # An incomplete character (or only special tokens): wait for the tokens after it.
             return
         self.text += full[len(prefix) :]

@@ -80,6 +80,8 @@ class DraftBudget:
             self.forward_costs[rows] = ContextCost.measure(
                 self.runner, self.config.max_draft_tokens + 1, rows=rows, sync=self.sync
             )
+            # Ratios learned against a smaller batch's borrowed costs do not apply to these.
+            self.step_times.pop(rows, None)
 
     def want(self, max_rows: int) -> None:
         """Ask for the costs of every batch size up to ``max_rows`` (measured by :meth:`measure`)."""

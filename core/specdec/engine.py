@@ -9,6 +9,7 @@ step asks :class:`~specdec.draft_budget.DraftBudget` for budgets and tells it wh
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs, sam
 from specdec.stopping import StopChecker, eos_token_ids
 
 T = TypeVar("T")
+logger = logging.getLogger("specdec.engine")
 
 
 class Engine:
@@ -109,7 +111,10 @@ class Engine:
             )
 
     def queue_has_room(self) -> bool:
-        return self.max_queue_size is None or len(self.waiting) < self.max_queue_size
+        """Whether one more request may wait: ``max_queue_size`` counts the requests that will
+        still wait once the free rows of the batch are taken."""
+        free_rows = max(self.max_batch_size - self.num_running, 0)
+        return self.max_queue_size is None or len(self.waiting) < self.max_queue_size + free_rows
 
     def new_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         """A request for ``prompt_ids``, not queued yet (:meth:`enqueue`). Raises
@@ -179,7 +184,11 @@ class Engine:
             raise SpecdecError("this engine has been closed")
         if self._cache is None:
             self._cache = self.runner.new_cache(rows=0)
-        touched = {r.request_id: r for r in self._refill()}
+        try:
+            touched = {r.request_id: r for r in self._refill()}
+        except Exception as exc:
+            self._fail_batch(f"the step failed: {type(exc).__name__}: {exc}")
+            return []
         batch = [r for r in self.running if not r.finished]
         if batch:
             touched.update((r.request_id, r) for r in batch)
@@ -241,23 +250,31 @@ class Engine:
         free = [row for row, request in enumerate(running) if request.finished]
         joining: list[tuple[Request, BatchKVCache]] = []
         prefilled = []
-        while self.waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
-            request = self.waiting.popleft()
-            prefilled.append(request)
-            row_cache = self._prefill(request)
-            if row_cache is None:
-                continue
-            if free:
-                row = free.pop(0)
-                cache.replace_row(row, row_cache)
-                left, running[row] = running[row], request
-                self._release(left)
-            else:
-                joining.append((request, row_cache))
-        self._drop_finished_rows()
-        if joining:
-            cache.append_rows(*(row_cache for _, row_cache in joining))
-            running.extend(request for request, _ in joining)
+        try:
+            while self.waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
+                request = self.waiting.popleft()
+                prefilled.append(request)
+                row_cache = self._prefill(request)
+                if row_cache is None:
+                    continue
+                if free:
+                    row = free.pop(0)
+                    cache.replace_row(row, row_cache)
+                    left, running[row] = running[row], request
+                    self._release(left)
+                else:
+                    joining.append((request, row_cache))
+            self._drop_finished_rows()
+            if joining:
+                cache.append_rows(*(row_cache for _, row_cache in joining))
+                running.extend(request for request, _ in joining)
+        except Exception as exc:
+            # Newcomers not yet in the batch end here (the caller fails the batch itself).
+            for request in prefilled:
+                if request not in running and not request.finished:
+                    self._end(request, "error", f"joining the batch failed: {type(exc).__name__}: {exc}")
+                    self._release(request)
+            raise
         return prefilled
 
     def _drop_finished_rows(self, reason: str | None = None) -> None:
@@ -309,8 +326,8 @@ class Engine:
             try:
                 self.resource_manager.free_request(request)
             except Exception as exc:
-                if request.finish_reason != "error":
-                    request.finish_reason, request.error = "error", self._plugin_message("free_request", exc)
+                # The request has ended and been reported; its output stands.
+                logger.warning("%s", self._plugin_message("free_request", exc))
 
     def _fail_batch(self, message: str) -> None:
         for request in self.running:
@@ -466,7 +483,7 @@ class Engine:
                 config=self.config, requests=requests, proposals=[proposals[i] for i in rows],
                 target_logits=[logits[i] for i in rows],
             )
-            if results is None or len(results) != len(requests):
+            if results is None or len(results) != len(requests) or any(r is None for r in results):
                 raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
             return results
 

@@ -11,6 +11,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+#: Temperatures below this are greedy decoding (vLLM's threshold).
+GREEDY_BELOW = 1e-5
+
+
 class SamplingParams(BaseModel):
     """How to pick tokens (vLLM's names). ``temperature == 0`` is greedy."""
 
@@ -23,7 +27,7 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list, description="Stop strings (excluded from text).")
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1, description="What torch.Generator takes.")
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -39,7 +43,9 @@ class SamplingParams(BaseModel):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below ``GREEDY_BELOW`` decode greedily (as vLLM does): dividing logits by
+        them overflows to a distribution with no finite value."""
+        return self.temperature < GREEDY_BELOW
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
