@@ -258,3 +258,26 @@ def test_tiny_temperatures_are_greedy_and_seeds_must_fit_a_generator(tiny, promp
     assert tiny_t.token_ids == greedy.token_ids
     with pytest.raises(ValueError, match="seed"):
         SamplingParams(temperature=1.0, seed=2**64)
+
+
+def test_a_failed_join_ends_the_newcomers_with_a_delta(tiny, prompts, monkeypatch):
+    """If adding prefilled newcomers to the batch fails, they and the running requests end with
+    the error, each reported in the step's deltas (a server waits for them), and their method
+    state is freed."""
+    manager = _Tracking()
+    config = UserProvidedDecodingConfig(drafter=_Repeat(), resource_manager=manager, max_draft_len=3)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer, max_batch_size=4) as llm:
+        engine = llm.engine
+        running = engine.add_request(prompts[0], params)
+        engine.step()
+        newcomers = [engine.add_request(p, params) for p in prompts[1:3]]
+
+        def broken(*caches):
+            raise RuntimeError("out of memory")
+
+        monkeypatch.setattr(engine._cache, "append_rows", broken)
+        deltas = {d.request_id: d for d in engine.step()}
+        assert set(deltas) == {running, *newcomers}
+        assert all(d.finish_reason == "error" and "out of memory" in d.error for d in deltas.values())
+        assert manager.live == set() and not engine.has_unfinished_requests()

@@ -184,21 +184,20 @@ class Engine:
             raise SpecdecError("this engine has been closed")
         if self._cache is None:
             self._cache = self.runner.new_cache(rows=0)
+        prefilled: list[Request] = []
+        batch: list[Request] = []
         try:
-            touched = {r.request_id: r for r in self._refill()}
-        except Exception as exc:
-            self._fail_batch(f"the step failed: {type(exc).__name__}: {exc}")
-            return []
-        batch = [r for r in self.running if not r.finished]
-        if batch:
-            touched.update((r.request_id, r) for r in batch)
-            try:
+            self._refill(prefilled)
+            batch = [r for r in self.running if not r.finished]
+            if batch:
                 self._step(draining=not more_coming and not self.waiting)
-            except Exception as exc:  # a failure no plugin hook can be blamed for: the batch ends
-                self._fail_batch(f"the step failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:  # a failure no plugin hook can be blamed for: the batch ends
+            batch = batch or [r for r in self.running if not r.finished]
+            self._fail_batch(f"the step failed: {type(exc).__name__}: {exc}")
         if not self.waiting:
             # Nobody will take the finished rows: free them now rather than at the next step.
             self._drop_finished_rows()
+        touched = {r.request_id: r for r in [*prefilled, *batch]}
         return [self._delta(r) for r in touched.values()]
 
     def idle_work(self) -> bool:
@@ -237,9 +236,9 @@ class Engine:
 
     # -- scheduling ---------------------------------------------------------------------------
 
-    def _refill(self) -> list[Request]:
+    def _refill(self, prefilled: list[Request]) -> None:
         """Finished requests leave the batch and waiting ones join, up to ``max_batch_size``;
-        returns the requests prefilled.
+        each request taken from the queue is added to ``prefilled``.
 
         A newcomer takes a finished request's row in place (:meth:`BatchKVCache.replace_row`);
         rows nobody takes are dropped, and newcomers beyond the free rows join at the end
@@ -249,7 +248,6 @@ class Engine:
         cache, running = self._cache, self.running
         free = [row for row, request in enumerate(running) if request.finished]
         joining: list[tuple[Request, BatchKVCache]] = []
-        prefilled = []
         try:
             while self.waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
                 request = self.waiting.popleft()
@@ -275,7 +273,6 @@ class Engine:
                     self._end(request, "error", f"joining the batch failed: {type(exc).__name__}: {exc}")
                     self._release(request)
             raise
-        return prefilled
 
     def _drop_finished_rows(self, reason: str | None = None) -> None:
         """Drop the rows of finished requests (only those that ended for ``reason``, if given)
