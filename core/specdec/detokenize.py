@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from specdec.stopping import cut_at_stop
+
 
 class IncrementalDetokenizer:
     """The text of one request's output, grown token by token; :meth:`delta` returns what is new."""
@@ -30,11 +32,7 @@ class IncrementalDetokenizer:
         if self.tokenizer is None:
             return ""
         self._decode(output_ids, final=finished)
-        if finished:
-            cut = min((i for i in (self.text.find(s) for s in self.stop) if i >= 0), default=len(self.text))
-            ready = cut
-        else:
-            ready = len(self.text) - self._held_back()
+        ready = len(cut_at_stop(self.text, self.stop)) if finished else len(self.text) - self._held_back()
         if ready <= self.sent:
             return ""
         new, self.sent = self.text[self.sent : ready], ready

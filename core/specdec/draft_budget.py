@@ -5,8 +5,8 @@ tokens to draft lives here: the config's fixed limits (``max_concurrency``,
 ``draft_len_schedule``), the adaptive length (:mod:`specdec.draft_policy`: acceptance estimates,
 forward costs, drafting and resume costs) and what each step's timings teach it.
 
-Forward costs are measured outside requests: :meth:`DraftBudget.measure` runs when the engine
-starts (batch size 1) and, for larger batch sizes, when the engine is idle or warmed up
+Forward costs are measured outside requests: :meth:`DraftBudget.measure` runs when the policy
+is built, with the engine (batch size 1) and, for larger batch sizes, when the engine is idle or warmed up
 (:meth:`pending_measurements`). A step at a batch size not measured yet borrows the costs of the
 nearest measured smaller batch, scaled by what that batch size's own steps measure
 (:class:`~specdec.draft_policy.StepTime`), so no request waits for a measurement.
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from specdec.config import SpeculativeConfig
 from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, ForwardCost, ResumeCost, StepTime
@@ -70,9 +72,12 @@ class DraftBudget:
         self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
         #: Batch sizes whose costs are still to be measured (in idle time or a warm-up).
         self._wanted: set[int] = set()
+        # The costs of a single request's forwards, before any request can wait for them.
+        self.measure(1)
 
     # -- measurement, outside requests --------------------------------------------------------
 
+    @torch.inference_mode()
     def measure(self, rows: int) -> None:
         """Time the target's forwards of every verify width for a batch of ``rows`` (adaptive only)."""
         self._wanted.discard(rows)
@@ -179,8 +184,6 @@ class DraftBudget:
         if rows in self.forward_costs:
             return self.forward_costs[rows]
         self._wanted.add(rows)
-        if not self.forward_costs:
-            self.measure(1)
         return self.forward_costs[max((r for r in self.forward_costs if r <= rows), default=min(self.forward_costs))]
 
 

@@ -78,9 +78,6 @@ class Engine:
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         self.policy = DraftBudget(runner, config, self._sync)
-        # The costs of a single request's forwards, before any request can wait for them.
-        with torch.inference_mode():
-            self.policy.measure(1)
         self.waiting: deque[Request] = deque()
         #: The batch, row for row with the cache; a finished request keeps its row until the
         #: next step gives it to a newcomer or drops it.
@@ -206,8 +203,7 @@ class Engine:
         pending = self.policy.pending_measurements()
         if not pending:
             return False
-        with torch.inference_mode():
-            self.policy.measure(pending[0])
+        self.policy.measure(pending[0])
         return True
 
     @torch.inference_mode()
@@ -415,20 +411,20 @@ class Engine:
             self._drop_finished_rows("error")
         return ([batch[row] for row in keep], *([column[row] for row in keep] for column in columns))
 
-    def _isolated(self, hook: str, call: Callable[[list[Request]], Sequence[T]], batch: list[Request]) -> list[T | None]:
-        """``call(batch)``, one item per request. If it raises, each request is tried alone and
-        those it still raises for end with the error (their item is ``None``): a plugin's failure
-        stays with the requests it belongs to."""
+    def _isolated(self, hook: str, call: Callable[[list[int]], Sequence[T]], batch: list[Request]) -> list[T | None]:
+        """``call(rows)`` for every row of ``batch`` at once, one item per row. If it raises, each
+        row is tried alone and the requests it still raises for end with the error (their item is
+        ``None``): a plugin's failure stays with the requests it belongs to."""
         try:
-            return list(call(batch))
+            return list(call(list(range(len(batch)))))
         except Exception as exc:
             if len(batch) == 1:
                 self._end(batch[0], "error", self._plugin_message(hook, exc))
                 return [None]
         items: list[T | None] = []
-        for request in batch:
+        for row, request in enumerate(batch):
             try:
-                items.extend(call([request]))
+                items.extend(call([row]))
             except Exception as exc:
                 self._end(request, "error", self._plugin_message(hook, exc))
                 items.append(None)
@@ -439,12 +435,12 @@ class Engine:
             return str(exc)
         return f"method {self.method.name!r} failed in {hook}: {type(exc).__name__}: {exc}"
 
-    def _draft(self, batch: list[Request]) -> list[DraftProposal | None]:
-        def call(requests: list[Request]) -> list[DraftProposal]:
+    def _draft(self, batch: list[Request]) -> list[DraftProposal]:
+        def call(rows: list[int]) -> list[DraftProposal]:
             proposals = self.hook.specdec_prepare_draft_tokens(
-                config=self.config, requests=requests, resource_manager=self.resource_manager
+                config=self.config, requests=[batch[i] for i in rows], resource_manager=self.resource_manager
             )
-            if proposals is None or len(proposals) != len(requests):
+            if proposals is None or len(proposals) != len(rows):
                 raise PluginError(f"method {self.method.name!r} returned no draft proposal for this step")
             return proposals
 
@@ -472,15 +468,12 @@ class Engine:
         return proposal.truncated(request.max_draft_len)
 
     def _verify(self, batch: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult | None]:
-        index = {id(r): i for i, r in enumerate(batch)}
-
-        def call(requests: list[Request]) -> list[VerifyResult]:
-            rows = [index[id(r)] for r in requests]
+        def call(rows: list[int]) -> list[VerifyResult]:
             results = self.hook.specdec_verify(
-                config=self.config, requests=requests, proposals=[proposals[i] for i in rows],
+                config=self.config, requests=[batch[i] for i in rows], proposals=[proposals[i] for i in rows],
                 target_logits=[logits[i] for i in rows],
             )
-            if results is None or len(results) != len(requests) or any(r is None for r in results):
+            if results is None or len(results) != len(rows) or any(r is None for r in results):
                 raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
             return results
 
@@ -497,14 +490,12 @@ class Engine:
         return results
 
     def _accept(self, batch: list[Request], results: list[VerifyResult]) -> None:
-        index = {id(r): i for i, r in enumerate(batch)}
-
-        def call(requests: list[Request]) -> list[None]:
+        def call(rows: list[int]) -> list[None]:
             self.hook.specdec_accept(
-                config=self.config, requests=requests, results=[results[index[id(r)]] for r in requests],
+                config=self.config, requests=[batch[i] for i in rows], results=[results[i] for i in rows],
                 resource_manager=self.resource_manager,
             )
-            return [None] * len(requests)
+            return [None] * len(rows)
 
         self._isolated("specdec_accept", call, batch)
 

@@ -18,6 +18,7 @@ from specdec.errors import ConfigError, RequestFailedError
 from specdec.metrics import RequestMetrics, aggregate
 from specdec.models import load_model, resolve_device
 from specdec.plugins import get_registry
+from specdec.requests import Request
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams
 
@@ -154,7 +155,7 @@ class LLM:
             raise RequestFailedError(f"{failed[0].error}{others}", outputs)
         return outputs
 
-    def _run(self, requests: list) -> None:
+    def _run(self, requests: list[Request]) -> None:
         """Run ``requests`` to completion on the engine, queueing each as the queue has room."""
         pending = deque(requests)
         try:

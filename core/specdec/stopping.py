@@ -49,9 +49,12 @@ class StopChecker:
         """The output text, cut before the first stop string (which is excluded, as in vLLM)."""
         if self.tokenizer is None:
             return ""
-        text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
-        cut = min((i for i in (text.find(s) for s in request.params.stop) if i >= 0), default=-1)
-        return text[:cut] if cut >= 0 else text
+        return cut_at_stop(self.tokenizer.decode(request.output_ids, skip_special_tokens=True), request.params.stop)
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """``text`` up to the first stop string in it (excluded), or all of it."""
+    return text[: min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))]
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
