@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdec.plugins import reset_registry
 from specdec.testing import TinyTarget, make_tiny_target
 
 TESTS_DIR = Path(__file__).resolve().parent
 PLUGIN_SOURCES = [TESTS_DIR / "example_plugin", TESTS_DIR / "broken_plugin"]
-PLUGIN_MODULES = ("specdec_echo_example", "specdec_broken_example")
+PLUGIN_MODULES = ("specdec_echo_example", "specdec_broken_example", "specdec_exit_example")
 
 
 def _pip_install(sources: list[Path], target: Path) -> None:
@@ -66,9 +67,10 @@ def fresh_registry():
 
 
 @pytest.fixture(scope="session")
-def tiny() -> TinyTarget:
-    """The tiny random fp32 Llama (seed 0) with the character-level tokenizer."""
-    return make_tiny_target(seed=0)
+def tiny(device: torch.device) -> TinyTarget:
+    """The tiny random fp32 Llama (seed 0) with the character-level tokenizer, on the device
+    under test (``SPECDEC_TEST_DEVICE``)."""
+    return make_tiny_target(seed=0, device=device)
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,15 @@ def test_generate_json_lines(tiny_dir: Path) -> None:
             assert key in line["metrics"]
 
 
+def test_generate_with_a_tiny_temperature_decodes_greedily(tiny_dir: Path) -> None:
+    """`--temperature 1e-40` decodes greedily (below 1e-5, as vLLM does) instead of a traceback."""
+    common = ("generate", "--model", str(tiny_dir), "--dtype", "float32", "--no-chat", "--max-tokens", "12", "--json")
+    tiny_t = specdec(*common, "--temperature", "1e-40", "hello world, hello")
+    greedy = specdec(*common, "--temperature", "0", "hello world, hello")
+    assert tiny_t.returncode == 0 and greedy.returncode == 0, tiny_t.stderr + greedy.stderr
+    assert json.loads(tiny_t.stdout)["token_ids"] == json.loads(greedy.stdout)["token_ids"]
+
+
 def test_generate_compare_matches_plain(tiny_dir: Path) -> None:
     """`generate --compare` reports a speedup measured against plain decoding and the same tokens."""
     result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--compare",

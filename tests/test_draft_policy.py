@@ -3,8 +3,10 @@
 import time
 
 import pytest
+import torch
 
-from specdec import LLM, SamplingParams, UserProvidedDecodingConfig
+from specdec import LLM, DraftProposal, SamplingParams, UserProvidedDecodingConfig
+from specdec.draft_budget import StepBudget
 from specdec.draft_policy import (
     PRIOR_ACCEPTANCE,
     PRIOR_WEIGHT,
@@ -482,3 +484,28 @@ def test_a_new_request_starts_from_the_methods_recent_acceptance():
     for _ in range(4):
         newcomer.update(4, 4)
     assert newcomer.alpha(0) > 0.6
+
+
+def test_a_sampled_drafts_own_length_never_decides_its_cut(tiny):
+    """A draft model that stops after a token it was unsure of offers a length that depends on
+    what it sampled. Cutting by that length (here: a 1-token draft is not worth its forward, a
+    4-token one is) would verify a first draft only when it was a confident one, which rejection
+    sampling does not correct for. So a sampled proposal is cut as if it offered its budget,
+    while a deterministic one (n-gram) or a greedy request's is still cut by its real length."""
+    with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 4}, tokenizer=tiny.tokenizer) as llm:
+        policy, vocab = llm.engine.policy, llm.engine.runner.vocab_size
+        cost = ForwardCost([1.0, 1.9, 2.2, 1.2, 1.3], base_seconds=1.0)
+        half = estimate(*[(4, 4), (4, 0)] * 8)
+        assert cost.best_length([half], [1]) == 0 < cost.best_length([half], [4])
+
+        def cut(params: SamplingParams, probs: torch.Tensor | None) -> int:
+            request = llm.engine.new_request([1, 2, 3], params)
+            request.acceptance, request.max_draft_len = half, 4
+            plan = StepBudget([4], rows=1, cost=cost)
+            (kept,) = policy.drafted(plan, [request], [DraftProposal([5], probs)], 0.0, 0.0)
+            return len(kept)
+
+        q = torch.full((1, vocab), 1.0 / vocab)
+        assert cut(SamplingParams(temperature=1.0), q) == 1
+        assert cut(SamplingParams(temperature=1.0), None) == 0
+        assert cut(SamplingParams(temperature=0.0), q) == 0

@@ -75,7 +75,8 @@ def test_plain_greedy_matches_transformers_generate(tiny, plain):
         ours = plain.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=20, ignore_eos=True))[0]
         with torch.inference_mode():
             ref = tiny.model.generate(
-                torch.tensor([ids]), max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0
+                torch.tensor([ids], device=tiny.model.device), max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                pad_token_id=0,
             )[0, len(ids) :].tolist()
         assert ours.token_ids == ref
 
@@ -273,7 +274,7 @@ def test_runner_captures_hidden_states(tiny):
     out = runner.forward(cache, ids[:-3])
     step = runner.forward(cache, ids[-3:])
     with torch.inference_mode():
-        ref = model(torch.tensor([ids]), output_hidden_states=True)
+        ref = model(torch.tensor([ids], device=model.device), output_hidden_states=True)
     num_layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
     assert len(out.hidden_states) == len(step.hidden_states) == num_layers + 1 == len(ref.hidden_states)
     for i, h in enumerate(out.hidden_states):

@@ -14,6 +14,7 @@ import torch
 from specdec import kernels
 from specdec.errors import ConfigError, SpecdecError, VerifyInputError
 from specdec.kernels import dispatch
+from specdec.testing import DEVICE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -294,8 +295,12 @@ def test_kernels_compile_for_sm80_and_sm90(arch: int, tmp_path: Path, monkeypatc
 def test_kernels_under_the_triton_interpreter() -> None:
     """tests/kernels_interpret passes under TRITON_INTERPRET=1 in a separate pytest process (the
     variable must be set before the kernels are defined, and must not leak into this process):
-    kernels equal the torch path exactly, sample the target distribution, and drive the engine."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    kernels equal the torch path exactly, sample the target distribution, and drive the engine.
+
+    The process sees no GPU, also on a machine that has one: the interpreter runs on CPU tensors,
+    and every "CUDA when present" default there (a model's device, bench-kernels' device, the
+    backend probe) must pick the CPU, as on the machines CI runs on."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", DEVICE_ENV: "cpu"}
     env.pop(dispatch.BACKEND_ENV, None)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "kernels_interpret")],

@@ -4,6 +4,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec.runner import ModelRunner
+from specdec.testing import make_tiny_target
 
 
 def test_growable_cache_matches_dynamic_cache_across_growth_and_rollback(tiny):
@@ -100,3 +101,30 @@ def test_a_joining_request_takes_a_finished_rows_place(tiny):
         neighbour = neighbour + step
         torch.testing.assert_close(second.logits, alone(neighbour, 1), atol=1e-5, rtol=1e-5)
     assert batch.layers[0]._key_buf.shape[-2] > capacity
+
+
+def test_capacity_stops_at_the_models_context(device):
+    """Two ragged rows decoded in verify steps to the end of a 300-token context (the batch pads
+    the shorter step): the buffers never hold more than the context plus a forward's width,
+    where they used to double (to 512) once past their first 256 entries. The last forward's
+    logits are still those of each request run alone."""
+    model = make_tiny_target(num_layers=1, hidden=32, device=device).model
+    model.config.max_position_embeddings = 300
+    runner = ModelRunner(model)
+    tokens = [(list(range(3, 30)) * 10)[:240], list(range(3, 30)) * 8]
+    batch = runner.new_cache(rows=0)
+    for prompt in tokens:
+        single = runner.new_cache()
+        runner.forward(single, prompt)
+        batch.append_rows(single)
+    # Verify 1 + 5 drafts in the long row and 1 + 2 in the other; keep 2 and 1 of them.
+    steps = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    while len(tokens[0]) < runner.max_length - 1:
+        outputs = runner.forward_rows(batch, steps)
+        assert batch.layers[0]._key_buf.shape[-2] <= runner.max_length + len(steps[0])
+        seen = [row + step for row, step in zip(tokens, steps)]
+        runner.rollback_rows(batch, [4, 2])
+        tokens = [tokens[0] + steps[0][:2], tokens[1] + steps[1][:1]]
+    for row, step, out in zip(seen, steps, outputs):
+        alone = runner.forward(runner.new_cache(), row).logits[-len(step) :]
+        torch.testing.assert_close(out.logits, alone, atol=1e-5, rtol=1e-5)

@@ -1,11 +1,18 @@
 """Plugin discovery and the method registry, with real pip-installed plugin packages.
 
-``tests/example_plugin`` (method ``echo``) and ``tests/broken_plugin`` (fails on import) are
-installed by the ``installed_plugins`` fixture (see conftest.py) and found through their
-``specdec.plugins`` entry points, exactly as a user's installed plugins are.
+``tests/example_plugin`` (method ``echo``) and ``tests/broken_plugin`` (two entry points that
+fail on import: ``broken`` raises, ``exit_on_import`` calls ``sys.exit()``) are installed by the
+``installed_plugins`` fixture (see conftest.py) and found through their ``specdec.plugins`` entry
+points, exactly as a user's installed plugins are.
 """
 
 from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -20,7 +27,8 @@ from specdec import (
     hookimpl,
 )
 from specdec.config_loader import parse_speculative_config
-from specdec.plugins import PLUGINS_ENV, get_registry
+from specdec import plugins as plugins_module
+from specdec.plugins import ENTRY_POINT_GROUP, PLUGINS_ENV, get_registry
 from specdec.testing.conformance import MethodConformance
 
 
@@ -115,7 +123,7 @@ def test_broken_plugin_is_recorded_not_raised(installed_plugins, fresh_registry,
     error, and every other method still loads and runs."""
     registry = get_registry()
     broken = {b.name: b for b in registry.broken}
-    assert set(broken) == {"broken"}
+    assert set(broken) == {"broken", "exit_on_import"}
     entry = broken["broken"]
     assert entry.distribution == "specdec-plugin-broken-example"
     assert entry.version == "0.0.1"
@@ -139,6 +147,63 @@ def test_selecting_broken_plugin_raises_plugin_error_with_cause(installed_plugin
         with pytest.raises(PluginError, match="failed to load.*ModuleNotFoundError.*specdec_missing_dependency_xyz") as info:
             LLM(tiny.model, spec, tokenizer=tiny.tokenizer)
         assert not isinstance(info.value, UnknownMethodError)
+
+
+def test_plugin_calling_sys_exit_on_import_is_a_broken_plugin(installed_plugins, fresh_registry, tiny):
+    """A pip-installed plugin whose import calls ``sys.exit()`` is recorded like any broken plugin
+    instead of ending the process; selecting it is a PluginError naming the method, its package
+    and the exit, and the other methods still run."""
+    registry = get_registry()
+    entry = {b.name: b for b in registry.broken}["exit_on_import"]
+    assert (entry.distribution, entry.version) == ("specdec-plugin-broken-example", "0.0.1")
+    assert entry.error == "SystemExit: the plugin called sys.exit('specdec_exit_example needs a GPU') while loading"
+    assert "specdec_exit_example" in entry.detail
+    assert not registry.manager.has_plugin("entrypoint:exit_on_import")
+    with pytest.raises(PluginError, match=r"method 'exit_on_import' is installed \(package specdec-plugin-broken-example "
+                                          r"0\.0\.1\) but its plugin failed to load: SystemExit"):
+        LLM(tiny.model, {"method": "exit_on_import"}, tokenizer=tiny.tokenizer)
+    with LLM(tiny.model, {"method": "echo"}, tokenizer=tiny.tokenizer) as llm:
+        assert len(llm.generate({"prompt_token_ids": tiny.encode("hello")}, SamplingParams(max_tokens=4))[0].token_ids) == 4
+
+
+def test_commands_survive_a_plugin_calling_sys_exit(installed_plugins):
+    """``specdec list-methods`` in a fresh process with the exiting plugin installed succeeds and
+    lists it as failed (before, the plugin's exit silently ended every command)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec.cli.main", "list-methods", "--json"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(installed_plugins)},
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)}
+    assert rows["exit_on_import"]["status"] == "error" and "sys.exit" in rows["exit_on_import"]["error"]
+    assert rows["echo"]["status"] == rows["ngram"]["status"] == "ok"
+
+
+def test_keyboard_interrupt_while_loading_a_plugin_propagates(tmp_path, monkeypatch):
+    """Ctrl-C during plugin loading stops the program; it is not recorded as a broken plugin."""
+    (tmp_path / "specdec_interrupting_example.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = importlib.metadata.EntryPoint("interrupting", "specdec_interrupting_example", ENTRY_POINT_GROUP)
+    monkeypatch.setattr(plugins_module, "_entry_points", lambda: [entry])
+    with pytest.raises(KeyboardInterrupt):
+        plugins_module.load_plugins()
+
+
+def test_in_process_plugin_calling_sys_exit_while_registering(tiny):
+    """``register_plugin`` turns a ``sys.exit()`` in ``specdec_register_methods`` into a
+    PluginError naming the plugin, and leaves nothing registered."""
+
+    class Exiting:
+        @hookimpl
+        def specdec_register_methods(self, register):
+            register("exit_test", InProcessConfig)
+            sys.exit(3)
+
+    registry = get_registry()
+    with pytest.raises(PluginError, match=r"plugin 'exit-test' failed to register: SystemExit: .*sys\.exit\(3\)"):
+        registry.register_plugin(Exiting(), name="exit-test")
+    assert not registry.manager.has_plugin("exit-test")
+    assert "exit_test" not in registry.method_names()
 
 
 # -- SPECDEC_PLUGINS --------------------------------------------------------------------------------

@@ -113,14 +113,15 @@ def test_unknown_mode_names_the_variable(monkeypatch):
 @needs_prepacked_linears
 def test_runner_packs_bf16_targets_and_keeps_their_logits(tiny, monkeypatch):
     """A bfloat16 target's every linear layer is packed by the runner; its forwards (prefill, one
-    token, a draft tree) give the logits of the unpacked model to bfloat16 rounding."""
-    packed = ModelRunner(copy.deepcopy(tiny.model).to(torch.bfloat16))
+    token, a draft tree) give the logits of the unpacked model to bfloat16 rounding. Packing is
+    for CPU weights, so the model is a CPU copy whatever the device under test."""
+    packed = ModelRunner(copy.deepcopy(tiny.model).to("cpu", torch.bfloat16))
     linears = sum(isinstance(m, torch.nn.Linear) for m in packed.model.modules())
     assert packed.prepacked_linears == linears > 0
     monkeypatch.setenv(PREPACK_ENV, "off")
-    plain = ModelRunner(copy.deepcopy(tiny.model).to(torch.bfloat16))
+    plain = ModelRunner(copy.deepcopy(tiny.model).to("cpu", torch.bfloat16))
     assert plain.prepacked_linears == 0
-    assert ModelRunner(copy.deepcopy(tiny.model)).prepacked_linears == 0
+    assert ModelRunner(copy.deepcopy(tiny.model).cpu()).prepacked_linears == 0
     prompt = tiny.encode("hello there, how are you?")
     outputs = []
     for runner in (packed, plain):

@@ -33,10 +33,12 @@ def ngram(plain: LLM) -> LLM:
     llm.close()
 
 
-def test_ngram_greedy_is_lossless_on_spec_bench(plain: LLM, ngram: LLM) -> None:
-    """On Spec-Bench summarization, rag and coding prompts, n-gram output equals plain output."""
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=64), SamplingParams(temperature=0.7, seed=3, max_tokens=64)],
+                         ids=["greedy", "seeded"])
+def test_ngram_is_lossless_on_spec_bench(plain: LLM, ngram: LLM, params: SamplingParams) -> None:
+    """On Spec-Bench summarization, rag and coding prompts, n-gram output equals plain output,
+    greedy and sampled with a seed."""
     questions = load_questions("spec_bench", ["summarization", "rag", "coding"], per_category=1)
-    params = SamplingParams(max_tokens=64)
     accepted = 0
     for q in questions:
         expected = plain.generate(q.turns[0], params, chat=True)[0]
@@ -47,10 +49,12 @@ def test_ngram_greedy_is_lossless_on_spec_bench(plain: LLM, ngram: LLM) -> None:
     assert accepted > 0
 
 
-def test_ngram_sampling_follows_target_on_real_model(plain: LLM) -> None:
-    """Sampled n-gram output on SmolLM2 matches the exact joint distribution of 3 tokens (top-k 2)."""
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_ngram_sampling_follows_target_on_real_model(plain: LLM, seeded: bool) -> None:
+    """Sampled n-gram output on SmolLM2 matches the exact joint distribution of 3 tokens (top-k 2),
+    with seeds (each position's own draw) and without (rejection sampling)."""
     prompt = "Count: one two three, one two three, one two three, one two"
-    p_value, accepted = sampled_distribution_p_value(plain, NGRAM, prompt)
+    p_value, accepted = sampled_distribution_p_value(plain, NGRAM, prompt, seeded=seeded)
     assert accepted > 0
     assert p_value > P_VALUE_FLOOR
 

@@ -27,3 +27,15 @@ def test_coverage_takes_ids_or_a_mask() -> None:
     replies = torch.tensor([6, 3, 1, 0])
     assert coverage(replies, torch.tensor([0, 2])) == coverage(replies, torch.tensor([True, False, True, False])) == 0.7
     assert coverage(torch.zeros(4, dtype=torch.long), torch.tensor([0])) == 0.0
+
+
+def test_tensors_on_the_device_under_test(device: torch.device) -> None:
+    """Ids, masks and kept tokens on the device under test give the CPU answers: training counts
+    on the CPU while a head's ``t2d`` lives on the GPU."""
+    ids = torch.tensor([5, 1, 1, 2, 5, 5], device=device)
+    mask = torch.tensor([0, 1, 1, 0, 1, 0], dtype=torch.bool, device=device)
+    replies, every = token_counts([(ids, mask)], 6)
+    assert replies.device.type == every.device.type == "cpu" and replies.tolist() == [0, 2, 0, 0, 0, 1]
+    assert torch.equal(frequency_ranking(replies.to(device), every.to(device)), frequency_ranking(replies, every))
+    kept = torch.tensor([True, True, False, False, False, False], device=device)
+    assert coverage(replies, kept) == coverage(replies.to(device), kept.cpu()) == 2 / 3

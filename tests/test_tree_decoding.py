@@ -56,11 +56,26 @@ def test_tree_drafts_are_lossless_and_take_the_right_branch(tiny, cases, max_bat
         assert len(per_pos) == 3, "one per-position count per tree level (depth 3), not per node (5)"
 
 
-def test_sampled_requests_with_trees_are_refused_clearly(tiny, cases):
-    """The core's verifier handles trees greedily only; a sampled request with a tree is an error
-    that says what to do, not a silently wrong sample."""
+def test_unseeded_sampled_requests_with_trees_are_refused_clearly(tiny, cases):
+    """The core verifies trees against the target's own picks: the argmax, or a seeded request's
+    draw. A sampled request without a seed (rejection sampling, chains only) with a tree is an
+    error that says what to do, not a silently wrong sample."""
     prompts, outputs, _ = cases
     oracle = BranchingOracle({tuple(prompts[0]): prompts[0] + outputs[0]}, tiny.model.config.vocab_size)
     config = UserProvidedDecodingConfig(drafter=oracle, max_draft_len=5, adaptive_draft_len=False)
-    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm, pytest.raises(SpecdecError, match="greedy requests only"):
-        llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(temperature=1.0, max_tokens=8, seed=0))
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm, pytest.raises(SpecdecError, match="greedy or seeded requests only"):
+        llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(temperature=1.0, max_tokens=8))
+
+
+def test_seeded_sampled_trees_give_the_plain_seeded_output(tiny, cases):
+    """A seeded sampled request's tree keeps the path of the target's own draws: the output is
+    plain seeded decoding's, and the true branch is accepted."""
+    prompts, _, _ = cases
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=30, ignore_eos=True, seed=7)
+    expected = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": prompts[0]}, params)[0].token_ids
+    oracle = BranchingOracle({tuple(prompts[0]): prompts[0] + expected}, tiny.model.config.vocab_size)
+    config = UserProvidedDecodingConfig(drafter=oracle, max_draft_len=5, adaptive_draft_len=False)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        got = llm.generate({"prompt_token_ids": prompts[0]}, params)[0]
+    assert got.token_ids == expected
+    assert got.metrics.num_accepted_tokens >= 2 * got.metrics.num_drafts > 0

@@ -30,9 +30,9 @@ class BigramDrafter:
         proposals = []
         for request in requests:
             prev, tokens, probs = request.token_ids[-1], [], []
-            for _ in range(request.max_draft_len):
+            for i in range(request.max_draft_len):
                 q = logits_to_probs(self.table[prev], request.params)
-                prev = int(torch.multinomial(q, 1, generator=request.generator))
+                prev = request.sample(q, offset=i)
                 tokens.append(prev)
                 probs.append(q)
             proposals.append(DraftProposal(tokens, torch.stack(probs) if probs else None))
@@ -40,9 +40,10 @@ class BigramDrafter:
 
 
 def bigram_table(model, noise: float = 0.5, seed: int = 0) -> torch.Tensor:
+    """On the CPU whatever the model's device: a user's drafter may hand the engine CPU probabilities."""
     vocab = model.config.vocab_size
     with torch.inference_mode():
-        logits = model(torch.arange(vocab)[:, None]).logits[:, -1].float()
+        logits = model(torch.arange(vocab, device=model.device)[:, None]).logits[:, -1].float().cpu()
     return logits + noise * torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed))
 
 

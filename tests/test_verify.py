@@ -21,9 +21,9 @@ from specdec import (
 )
 from specdec.errors import VerifyInputError
 from specdec.plugins import get_registry
-from specdec.sampling import greedy_tokens
+from specdec.sampling import PositionNoise, greedy_tokens
 from specdec.testing.conformance import P_VALUE_FLOOR, chi_square_p_value, exact_joint_distribution
-from specdec.verify import verify_requests
+from specdec.verify import target_picks, verify_requests
 
 # -- (a) rejection sampling vs an independent reference -----------------------------------------
 
@@ -214,9 +214,9 @@ def test_greedy_verify(drafts, argmaxes, expected):
 # -- (b2) a batch of requests ---------------------------------------------------------------------
 
 
-def _request(request_id: int, params: SamplingParams, seed: int | None = None) -> Request:
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    return Request(request_id, [1, 2, 3], 3, params, generator)
+def _request(request_id: int, params: SamplingParams, seed: int | None = None, vocab: int = 9) -> Request:
+    noise = PositionNoise(seed, vocab) if seed is not None else None
+    return Request(request_id, [1, 2, 3], 3, params, noise)
 
 
 def _mixed_step(seed_offset: int = 0):
@@ -258,9 +258,25 @@ def test_batched_verify_equals_each_request_alone():
 
 def test_verify_rejects_draft_probs_of_the_wrong_shape():
     """A proposal whose probs do not cover its drafts over the vocabulary is a one-line error."""
-    request = _request(0, SamplingParams(temperature=1.0), seed=0)
+    request = _request(0, SamplingParams(temperature=1.0), seed=None)  # unseeded: rejection sampling reads the probs
     with pytest.raises(VerifyInputError, match=r"DraftProposal.probs: expected shape \[2, 5\] for 2 drafts, got \[1, 5\]"):
         verify_requests([request], [DraftProposal([1, 2], torch.full((1, 5), 0.2))], [torch.zeros(3, 5)])
+
+
+def test_a_seeded_tree_keeps_the_path_of_the_targets_own_draws():
+    """For a seeded request each forward row's pick is the race with the noise of the position it
+    predicts (its depth in the tree), so a tree keeps exactly the path plain seeded decoding
+    would have drawn, and the token after it."""
+    request = _request(0, SamplingParams(temperature=1.0, seed=5), seed=5)
+    logits = torch.randn(5, 9, generator=torch.Generator().manual_seed(0))
+    # Rows: root, then nodes 0 and 1 (children of the root) and 2 and 3 (children of node 0).
+    picks = target_picks(request, logits, depths=[0, 1, 1, 2, 2]).tolist()
+    nodes = [picks[0], (picks[0] + 1) % 9, (picks[1] + 1) % 9, picks[1]]
+    proposal = DraftProposal(nodes, parents=[-1, -1, 0, 0])
+    assert verify_requests([request], [proposal], [logits]) == [VerifyResult(2, picks[4], [0, 3])]
+    # The pick after a depth-2 node is the noise of position L + 2, as for a chain's third row.
+    chain = target_picks(request, logits[[0, 1, 4]])
+    assert chain.tolist() == [picks[0], picks[1], picks[4]]
 
 
 # -- (c) the conformance statistical check can fail -------------------------------------------------

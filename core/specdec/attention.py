@@ -103,27 +103,31 @@ def _fold_mask(mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> t
 
 
 class _FoldedMaskCache:
-    """The last mask folded by :func:`packed_gqa_attention`, so that a model's layers, which all get
-    the same mask object in one forward, fold it once (at 400 tokens of context, repeating a
-    6-token verify's mask in each of SmolLM2's 30 layers took 1.5 ms of a 37 ms forward).
+    """The masks folded last by :func:`packed_gqa_attention`, so that a model's layers, which all
+    get the same mask object in one forward, fold it once (at 400 tokens of context, repeating a
+    6-token verify's mask in each of SmolLM2's 30 layers took 1.5 ms of a 37 ms forward). A model
+    mixing full and sliding-window layers gets one mask per layer type and alternates between
+    them, so an entry is kept per mask of the forward, up to ``size``.
 
-    transformers builds a new mask for every forward. The entry holds it weakly and serves only
-    that very object; a mask made outside inference mode must also be unchanged since (its
-    version counter). The entry is one tuple, replaced whole, so concurrent forwards each see a
-    complete entry.
+    transformers builds a new mask for every forward. An entry holds its mask weakly and serves
+    only that very object; a mask made outside inference mode must also be unchanged since (its
+    version counter). The entries are one tuple, replaced whole, so concurrent forwards each see
+    complete entries.
     """
 
-    def __init__(self) -> None:
-        self._entry: tuple | None = None
+    def __init__(self, size: int = 2) -> None:
+        self._size = size
+        self._entries: tuple[tuple, ...] = ()
 
     def get(self, mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> torch.Tensor:
         version = None if mask.is_inference() else mask._version
         key = (version, length, kv_heads, groups)
-        entry = self._entry
-        if entry is not None and entry[0]() is mask and entry[1] == key:
-            return entry[2]
+        entries = self._entries
+        for entry in entries:
+            if entry[0]() is mask and entry[1] == key:
+                return entry[2]
         folded = _fold_mask(mask, length, kv_heads, groups)
-        self._entry = (weakref.ref(mask), key, folded)
+        self._entries = ((weakref.ref(mask), key, folded), *entries[: self._size - 1])
         return folded
 
 

@@ -157,7 +157,8 @@ class DraftBudget:
             return proposals
         # The offered lengths are known now (an n-gram often offers fewer than its budget).
         keep = plan.cost.best_length(
-            [r.acceptance for r in batch], [len(p) for p in proposals], remaining=plan.remaining_of(batch)
+            [r.acceptance for r in batch], [_offered(r, p) for r, p in zip(batch, proposals)],
+            remaining=plan.remaining_of(batch),
         )
         return [p.truncated(keep) for p in proposals]
 
@@ -195,3 +196,17 @@ def depth(proposal: DraftProposal) -> int:
     for parent in proposal.parents:
         depths.append(depths[parent] + 1 if parent >= 0 else 1)
     return max(depths, default=0)
+
+
+def _offered(request: Request, proposal: DraftProposal) -> int:
+    """The length the policy may cut ``proposal`` by.
+
+    A sampled draft's length can depend on what was sampled (a draft model stops after a token
+    it was unsure of): cutting by that length would keep a draft depending on its own value,
+    and rejection sampling, which assumes a draft is simply drawn from ``q``, would no longer
+    be lossless. Such a proposal counts as its budget, fixed before drafting; a cut below its
+    length then depends on nothing it sampled.
+    """
+    if not request.params.greedy and proposal.probs is not None:
+        return request.max_draft_len
+    return len(proposal)

@@ -20,14 +20,16 @@ import torch
 from specdec.config import SpeculativeConfig
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.draft_budget import DraftBudget, depth
-from specdec.errors import ConfigError, PluginError, QueueFullError, SpecdecError
+from specdec.errors import ConfigError, NonFiniteLogitsError, PluginError, QueueFullError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
+from specdec.proposal_checks import checked_proposal
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import TargetContext
 from specdec.runner import ModelRunner
-from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs, sample
+from specdec.sampling import PositionNoise, SamplingParams, invalid_logits, logits_to_probs
 from specdec.stopping import StopChecker, eos_token_ids
+from specdec.verify import target_picks
 
 T = TypeVar("T")
 logger = logging.getLogger("specdec.engine")
@@ -119,10 +121,10 @@ class Engine:
         if self.resource_manager is None:
             raise SpecdecError("this engine has been closed")
         self.check_prompt(prompt_ids)
-        generator = None
+        noise = None
         if not params.greedy and params.seed is not None:
-            generator = torch.Generator(device="cpu").manual_seed(params.seed)
-        request = Request(self._next_id, [int(t) for t in prompt_ids], len(prompt_ids), params, generator)
+            noise = PositionNoise(params.seed, self.runner.vocab_size)
+        request = Request(self._next_id, [int(t) for t in prompt_ids], len(prompt_ids), params, noise)
         request.acceptance = self.policy.new_estimate()
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
         self._next_id += 1
@@ -295,7 +297,7 @@ class Engine:
             self._append(request, [self._pick(prefill.logits[-1], request)])
         except Exception as exc:
             request.target_output = None
-            self._end(request, "error", f"prefill failed: {type(exc).__name__}: {exc}")
+            self._end(request, "error", str(exc) if isinstance(exc, SpecdecError) else f"prefill failed: {type(exc).__name__}: {exc}")
             return None
         request.metrics.time_prefill = time.perf_counter() - start
         try:
@@ -415,6 +417,8 @@ class Engine:
         """``call(rows)`` for every row of ``batch`` at once, one item per row. If it raises, each
         row is tried alone and the requests it still raises for end with the error (their item is
         ``None``): a plugin's failure stays with the requests it belongs to."""
+        if not batch:
+            return []
         try:
             return list(call(list(range(len(batch)))))
         except Exception as exc:
@@ -440,44 +444,50 @@ class Engine:
             proposals = self.hook.specdec_prepare_draft_tokens(
                 config=self.config, requests=[batch[i] for i in rows], resource_manager=self.resource_manager
             )
-            if proposals is None or len(proposals) != len(rows):
-                raise PluginError(f"method {self.method.name!r} returned no draft proposal for this step")
+            if not isinstance(proposals, (list, tuple)) or len(proposals) != len(rows):
+                raise PluginError(
+                    f"method {self.method.name!r}: specdec_prepare_draft_tokens returned {_described(proposals)}; "
+                    f"expected a list of {len(rows)} DraftProposal, one per request"
+                )
             return proposals
 
         proposals = self._isolated("specdec_prepare_draft_tokens", call, batch)
         for i, (request, proposal) in enumerate(zip(batch, proposals)):
-            if proposal is None:
+            if request.finished:  # the hook failed for it
                 proposals[i] = DraftProposal()
                 continue
             try:
-                proposals[i] = self._checked(request, proposal)
+                proposals[i] = checked_proposal(proposal, self.method.name, self.runner.vocab_size, request.max_draft_len)
             except PluginError as exc:
                 self._end(request, "error", str(exc))
                 proposals[i] = DraftProposal()
         return proposals
 
-    def _checked(self, request: Request, proposal: DraftProposal) -> DraftProposal:
-        vocab = self.runner.vocab_size
-        proposal.token_ids = [int(t) for t in proposal.token_ids]
-        if not all(0 <= t < vocab for t in proposal.token_ids):
-            raise PluginError(f"method {self.method.name!r} drafted a token id outside [0, {vocab})")
-        if proposal.parents is not None and (
-            len(proposal.parents) != len(proposal) or not all(-1 <= int(p) < i for i, p in enumerate(proposal.parents))
-        ):
-            raise PluginError(f"method {self.method.name!r} proposed a tree whose parents do not come before their children")
-        return proposal.truncated(request.max_draft_len)
-
     def _verify(self, batch: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult | None]:
+        """Each request's verify result; ``None`` for a request that ended here (its target logits
+        are not finite, or the method failed it)."""
+        broken = torch.stack([invalid_logits(lg).any() for lg in logits]).tolist()
+        for request, bad in zip(batch, broken):
+            if bad:
+                self._end(request, "error", str(NonFiniteLogitsError()))
+        valid = [row for row, bad in enumerate(broken) if not bad]
+
         def call(rows: list[int]) -> list[VerifyResult]:
+            rows = [valid[i] for i in rows]
             results = self.hook.specdec_verify(
                 config=self.config, requests=[batch[i] for i in rows], proposals=[proposals[i] for i in rows],
                 target_logits=[logits[i] for i in rows],
             )
-            if results is None or len(results) != len(rows) or any(r is None for r in results):
-                raise PluginError(f"method {self.method.name!r}: verify returned no result for this step")
+            if not isinstance(results, (list, tuple)) or len(results) != len(rows) or not all(isinstance(r, VerifyResult) for r in results):
+                raise PluginError(
+                    f"method {self.method.name!r}: specdec_verify returned {_described(results)}; "
+                    f"expected a list of {len(rows)} VerifyResult, one per request"
+                )
             return results
 
-        results = self._isolated("specdec_verify", call, batch)
+        results: list[VerifyResult | None] = [None] * len(batch)
+        for row, result in zip(valid, self._isolated("specdec_verify", call, [batch[row] for row in valid])):
+            results[row] = result
         for i, (request, proposal, result) in enumerate(zip(batch, proposals, results)):
             if result is not None and not _valid(result, proposal, self.runner.vocab_size):
                 self._end(
@@ -500,9 +510,12 @@ class Engine:
         self._isolated("specdec_accept", call, batch)
 
     def _pick(self, logits: torch.Tensor, request: Request) -> int:
-        if request.params.greedy:
-            return int(greedy_tokens(logits).item())
-        return sample(logits_to_probs(logits, request.params), request.generator)
+        """The first token after the prompt, as plain decoding picks it."""
+        if invalid_logits(logits).item():
+            raise NonFiniteLogitsError
+        if request.params.greedy or request.noise is not None:
+            return int(target_picks(request, logits[None])[0])
+        return request.sample(logits_to_probs(logits, request.params))
 
     def _append(self, request: Request, tokens: list[int]) -> None:
         """Append tokens one at a time, stopping exactly at the first stop condition."""
@@ -513,10 +526,20 @@ class Engine:
                 request.finished = True
                 request.finish_reason = reason
                 break
+        if request.noise is not None:
+            request.noise.forget_before(len(request.token_ids))
         request.metrics.num_output_tokens = request.num_output_tokens
 
 
+def _described(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
 def _valid(result: VerifyResult, proposal: DraftProposal, vocab: int) -> bool:
+    if not isinstance(result.num_accepted, int) or not isinstance(result.next_token, int):
+        return False
     if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < vocab:
         return False
     return proposal.parents is None or _is_tree_path(proposal.parents, result)

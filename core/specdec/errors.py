@@ -28,6 +28,13 @@ class VerifyInputError(SpecdecError, ValueError):
     message names the argument."""
 
 
+class NonFiniteLogitsError(SpecdecError):
+    """The target model produced NaN or ``+inf`` logits for a request, which therefore ends."""
+
+    def __init__(self) -> None:
+        super().__init__("the target model produced NaN or +inf logits (a broken checkpoint, or an overflow in its dtype)")
+
+
 class QueueFullError(SpecdecError):
     """The engine's waiting queue is full (``max_queue_size``): retry later."""
 

@@ -10,6 +10,12 @@ request every step, so each row has its own length (``BatchKVCache.lengths``). A
 row ``b``'s new entries at ``lengths[b]`` onward and returns keys up to the longest row; the
 runner's attention mask hides, per row, everything at or past that row's own end. Entries past a
 row's length are stale (rejected drafts, padding) and are overwritten by its next forward.
+
+Sliding-window attention layers (Gemma 2 and 3, gpt-oss, Mistral with ``sliding_window``) are
+held the same way, every position kept: the runner's masks hide the keys outside each query's
+window (:mod:`specdec.runner`). transformers' own sliding layers keep only the last
+``window - 1`` entries, which a verify forward's rejected drafts could not be rolled back from.
+Capacity never doubles past the model's context (:meth:`BatchKVCache.capacity_for`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,51 @@ from transformers.cache_utils import DynamicLayer
 from specdec.errors import ModelLoadError
 
 _MIN_CAPACITY = 256
+
+#: The attention layer types the cache holds (names as in transformers' ``config.layer_types``).
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def attention_layer_types(config: PretrainedConfig) -> list[str]:
+    """Each decoder layer's attention type, as transformers names it (``full_attention``,
+    ``sliding_attention``, ``chunked_attention``, ``linear_attention``...).
+
+    A config without ``layer_types`` gives every layer one type, read from its fields the way
+    transformers' caches read it.
+    """
+    text = config.get_text_config(decoder=True)
+    types = getattr(text, "layer_types", None)
+    if types is not None:
+        return list(types)
+    if getattr(text, "sliding_window", None) is not None:
+        kind = "sliding_attention"
+    elif getattr(text, "attention_chunk_size", None) is not None:
+        kind = "chunked_attention"
+    else:
+        kind = "full_attention"
+    return [kind] * int(text.num_hidden_layers)
+
+
+def sliding_window(config: PretrainedConfig) -> int | None:
+    """The window of the model's sliding-window layers; ``None`` when it has none."""
+    if "sliding_attention" not in attention_layer_types(config):
+        return None
+    return int(config.get_text_config(decoder=True).sliding_window)
+
+
+def context_length(config: PretrainedConfig) -> int:
+    """The most positions the model takes (``max_position_embeddings``; unbounded without one)."""
+    return int(getattr(config.get_text_config(decoder=True), "max_position_embeddings", 0) or 1 << 30)
+
+
+def check_supported(config: PretrainedConfig) -> None:
+    """Refuse a model whose attention layers the cache cannot hold, naming what is missing."""
+    missing = sorted(set(attention_layer_types(config)) - set(SUPPORTED_LAYER_TYPES))
+    if missing:
+        raise ModelLoadError(
+            f"{getattr(config, 'model_type', 'this model')}: specdec's KV cache does not support {', '.join(missing)} "
+            f"layers yet (it holds {' and '.join(SUPPORTED_LAYER_TYPES)} layers)"
+        )
 
 
 class GrowableLayer(DynamicLayer):
@@ -39,7 +90,7 @@ class GrowableLayer(DynamicLayer):
         width = key_states.shape[-2]
         end = max(starts) + width
         if self._key_buf is None or end > self._key_buf.shape[-2]:
-            self._grow(key_states, max(end, 2 * max(starts), _MIN_CAPACITY))
+            self._grow(key_states, self.cache.capacity_for(end, width))
         first = starts[0]
         if all(s == first for s in starts):
             self._key_buf[..., first : first + width, :] = key_states
@@ -110,7 +161,7 @@ class GrowableLayer(DynamicLayer):
         if other._key_buf is None or length == 0:
             return
         if self._key_buf is None or length > self._key_buf.shape[-2]:
-            self._grow(other._key_buf, max(length, 2 * self.get_seq_length(), _MIN_CAPACITY))
+            self._grow(other._key_buf, self.cache.capacity_for(length, 0))
         self._key_buf[row, :, :length] = other._key_buf[0, :, :length]
         self._value_buf[row, :, :length] = other._value_buf[0, :, :length]
 
@@ -132,15 +183,12 @@ class BatchKVCache(DynamicCache):
     """
 
     def __init__(self, config: PretrainedConfig, rows: int = 1) -> None:
+        check_supported(config)
         super().__init__(config=config)
-        for layer in self.layers:
-            if type(layer) is not DynamicLayer:
-                raise ModelLoadError(
-                    f"{type(layer).__name__} cache layers (sliding-window or other non-full attention) are not "
-                    "supported yet; specdec's KV cache needs full-attention layers"
-                )
         self.layers = [GrowableLayer(self) for _ in self.layers]
         self.lengths = [0] * rows
+        #: The model's context; rows never hold more, but for a verify forward's last drafts.
+        self.context_length = context_length(config)
 
     @property
     def lengths(self) -> list[int]:
@@ -163,6 +211,14 @@ class BatchKVCache(DynamicCache):
     @property
     def num_rows(self) -> int:
         return len(self.lengths)
+
+    def capacity_for(self, end: int, width: int) -> int:
+        """The capacity a layer grows to when it must hold ``end`` entries, for a forward writing
+        ``width`` per row: double the longest row (rare copies as rows grow), but never past the
+        model's context plus that forward's width. The engine ends requests at the context, but a
+        row just short of it still verifies drafts, and a batch pads every row to its widest."""
+        roomy = max(2 * max(self.lengths, default=0), _MIN_CAPACITY)
+        return max(end, min(roomy, self.context_length + width))
 
     def advance(self, counts: list[int]) -> None:
         self.lengths = [length + n for length, n in zip(self.lengths, counts, strict=True)]

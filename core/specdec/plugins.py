@@ -5,7 +5,9 @@ on every load. Outside plugins come from the ``specdec.plugins`` entry-point gro
 point per method. ``SPECDEC_PLUGINS=a,b`` loads only those entry points (empty: none).
 
 A plugin that fails to import is recorded, not raised: ``specdec list-methods`` shows it, and
-selecting its method raises :class:`~specdec.errors.PluginError` with the cause.
+selecting its method raises :class:`~specdec.errors.PluginError` with the cause. That includes a
+plugin calling ``sys.exit()`` while it loads (``SystemExit`` would otherwise end whatever command
+merely looked the methods up); ``KeyboardInterrupt`` still propagates.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class PluginRegistry:
             return self.methods[self._names[key]]
         for plugin in self.broken:
             if normalize_method_name(plugin.name) == key:
-                raise PluginError(f"method {name!r} is installed but its plugin failed to load: {plugin.error}")
+                package = f" (package {plugin.distribution} {plugin.version})" if plugin.distribution else ""
+                raise PluginError(f"method {name!r} is installed{package} but its plugin failed to load: {plugin.error}")
         raise UnknownMethodError(
             f"unknown speculative method {name!r}; installed: {', '.join(self.method_names())}"
         )
@@ -94,8 +97,10 @@ class PluginRegistry:
         try:
             self.manager.check_pending()
             self._collect(plugin, plugin_name, distribution=None, version=None)
-        except Exception:
+        except (Exception, SystemExit) as exc:
             self.unregister_plugin(plugin_name)
+            if isinstance(exc, SystemExit):
+                raise PluginError(f"plugin {plugin_name!r} failed to register: {_load_error(exc)}") from exc
             raise
 
     def unregister_plugin(self, name: str) -> None:
@@ -133,6 +138,13 @@ class PluginRegistry:
         impl(register=register)
 
 
+def _load_error(exc: BaseException) -> str:
+    """How a plugin's load failure is reported: the exception's type and message."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: the plugin called sys.exit({exc.code!r}) while loading"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
     return sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
@@ -161,11 +173,9 @@ def load_plugins() -> PluginRegistry:
             manager.register(plugin, name=f"entrypoint:{ep.name}")
             manager.check_pending()
             registry._collect(plugin, f"entrypoint:{ep.name}", dist, version)
-        except Exception as exc:  # a broken plugin must not take the others down
+        except (Exception, SystemExit) as exc:  # a broken plugin must not take the others (or the process) down
             registry.unregister_plugin(f"entrypoint:{ep.name}")
-            registry.broken.append(
-                BrokenPlugin(ep.name, dist, version, f"{type(exc).__name__}: {exc}", traceback.format_exc())
-            )
+            registry.broken.append(BrokenPlugin(ep.name, dist, version, _load_error(exc), traceback.format_exc()))
     return registry
 
 

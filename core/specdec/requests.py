@@ -9,7 +9,7 @@ import torch
 
 from specdec.draft_policy import AcceptanceEstimate
 from specdec.metrics import RequestMetrics
-from specdec.sampling import SamplingParams
+from specdec.sampling import PositionNoise, SamplingParams, race
 
 
 @dataclass
@@ -24,7 +24,8 @@ class Request:
     token_ids: list[int]
     num_prompt_tokens: int
     params: SamplingParams
-    generator: torch.Generator | None = None
+    #: The noise each position's token is drawn with, for a sampled request with a seed.
+    noise: PositionNoise | None = None
     #: Draft budget for the current step, set by the engine before drafting.
     max_draft_len: int = 0
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
@@ -52,6 +53,18 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    def sample(self, probs: torch.Tensor, offset: int = 0) -> int:
+        """Draw the token for sequence position ``len(token_ids) + offset`` from ``probs``
+        (``[vocab]``, over the target's vocabulary).
+
+        With a seed, the draw is that position's noise (:class:`~specdec.sampling.PositionNoise`),
+        the noise the target's own pick at that position uses: a draft drawn this way is the
+        token the target picks whenever both distributions allow it. Without, torch's generator.
+        """
+        if self.noise is not None:
+            return int(race(probs, self.noise.at(len(self.token_ids) + offset)))
+        return int(torch.multinomial(probs, 1).item())
 
 
 @dataclass

@@ -15,6 +15,13 @@ Two extension points for the draft-head methods:
   verified in one forward: tokens are laid out flat, each at ``cache_len + depth``, and each
   attends to the cache and to its own ancestors only.
 
+Sliding-window attention layers see, from each query, only the keys of the last ``window``
+positions, its own included, as transformers masks them; the cache keeps every position
+(:mod:`specdec.kv_cache`), so the masks this runner builds hide the rest. A model mixing full and
+sliding layers gets one mask per layer type, ``{"full_attention": ..., "sliding_attention": ...}``,
+the mapping transformers' hybrid models take in place of a mask; a model whose layers all slide
+gets the sliding mask alone.
+
 A model on transformers' ``sdpa`` attention is switched to :mod:`specdec.attention`'s, which runs
 the same attention without copying the KV cache per query head in multi-token forwards, and its
 bfloat16 linear layers on CPU multiply by prepacked weights (:mod:`specdec.prepacked_linear`).
@@ -29,7 +36,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.attention import use_packed_attention
-from specdec.kv_cache import BatchKVCache, new_kv_cache
+from specdec.kv_cache import (
+    BatchKVCache, attention_layer_types, check_supported, context_length, new_kv_cache, sliding_window,
+)
 from specdec.prepacked_linear import prepack_linears
 
 
@@ -50,6 +59,7 @@ def cache_keyword(model: PreTrainedModel) -> str:
 
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
+        check_supported(model.config)
         self.model = model.eval()
         use_packed_attention(model)
         #: How many of the model's linear layers multiply by prepacked weights.
@@ -58,7 +68,11 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        self.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self.max_length = context_length(model.config)
+        #: The window of the model's sliding-window layers (``None``: it has none), and whether
+        #: it also has full-attention layers (then each layer type gets its own mask).
+        self.sliding_window = sliding_window(model.config)
+        self.mixed_attention = len(set(attention_layer_types(model.config))) > 1
         self._cache_keyword = cache_keyword(model)
 
     def new_cache(self, rows: int = 1) -> BatchKVCache:
@@ -77,9 +91,15 @@ class ModelRunner:
     ) -> RunnerOutput:
         """Append ``token_ids`` to ``cache``; logits (fp32, ``[n, vocab]``) for each of them.
 
-        ``last_only`` computes logits for the last position only (prefill).
+        ``last_only`` computes logits for the last position only (prefill). An ``attention_mask``
+        is additive, ``[1, 1, n, cache + n]``, as :func:`tree_attention` makes it; sliding-window
+        layers get it with the keys outside each token's window hidden as well.
         """
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        if attention_mask is not None and self.sliding_window is not None:
+            start = cache.get_seq_length()
+            positions = torch.arange(start, start + len(token_ids))[None] if position_ids is None else position_ids
+            attention_mask = self._layer_masks(attention_mask, positions, [start])
         out = self.model(
             input_ids=input_ids,
             **{self._cache_keyword: cache},
@@ -124,7 +144,7 @@ class ModelRunner:
             visible, depth = _visibility(row_parents, width)
             allowed[b, :, start : start + width] = visible
             depths.append([start + d for d in depth])
-        position_ids = torch.tensor(depths, device=self.device)
+        position_ids = torch.tensor(depths)
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         mask = mask.to(self.device)
@@ -132,8 +152,8 @@ class ModelRunner:
             input_ids=input_ids,
             **{self._cache_keyword: cache},
             use_cache=True,
-            position_ids=position_ids,
-            attention_mask=mask[:, None],
+            position_ids=position_ids.to(self.device),
+            attention_mask=self._layer_masks(mask[:, None], position_ids, starts),
             output_hidden_states=self.capture_hidden_states,
         )
         cache.advance([len(r) for r in rows])
@@ -143,6 +163,20 @@ class ModelRunner:
             hidden = tuple(h[b, : len(r)] for h in out.hidden_states) if self.capture_hidden_states else None
             outputs.append(RunnerOutput(logits[b, : len(r)], hidden))
         return outputs
+
+    def _layer_masks(
+        self, mask: torch.Tensor, position_ids: torch.Tensor, starts: list[int]
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The model's ``attention_mask`` argument for an additive ``mask`` ``[rows, 1, q, kv]``
+        over a forward writing row ``b``'s tokens, at ``position_ids[b]``, from cache index
+        ``starts[b]`` on: ``mask`` itself without sliding-window layers, else ``mask`` with the
+        keys outside each query's window hidden (alone, or with ``mask`` for full-attention layers).
+        """
+        if self.sliding_window is None:
+            return mask
+        outside = _outside_window(position_ids.cpu(), starts, mask.shape[-1], self.sliding_window)
+        sliding = mask.masked_fill(outside[:, None].to(mask.device), torch.finfo(mask.dtype).min)
+        return {"full_attention": mask, "sliding_attention": sliding} if self.mixed_attention else sliding
 
     @staticmethod
     def rollback(cache: DynamicCache, num_tokens: int) -> None:
@@ -158,6 +192,20 @@ class ModelRunner:
     @staticmethod
     def cache_length(cache: DynamicCache) -> int:
         return cache.get_seq_length()
+
+
+def _outside_window(position_ids: torch.Tensor, starts: list[int], kv_length: int, window: int) -> torch.Tensor:
+    """``[rows, q, kv]``: which keys lie outside each query's sliding window.
+
+    A sliding layer lets the query at position ``p`` see keys at positions ``p - window + 1`` to
+    ``p`` (transformers' ``sliding_window_overlay``). A row's cached entries sit at their
+    positions; those a forward writes, from ``starts[b]`` on, at the positions of the tokens
+    written there, which in a draft tree follow the tokens' depths, not their indices.
+    """
+    keys = torch.arange(kv_length).repeat(len(starts), 1)
+    for b, start in enumerate(starts):
+        keys[b, start : start + position_ids.shape[1]] = position_ids[b]
+    return keys[:, None, :] <= position_ids[:, :, None] - window
 
 
 def _visibility(parents: list[int] | None, width: int) -> tuple[torch.Tensor, list[int]]:

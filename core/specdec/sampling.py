@@ -1,14 +1,21 @@
-"""Sampling parameters and the one logits -> probabilities transform shared by target and drafts.
+"""Sampling parameters, the one logits -> probabilities transform shared by target and drafts, and
+the random numbers of seeded requests.
 
 Rejection sampling is lossless only if the draft distribution q and the target distribution p
 are shaped by the same temperature / top-k / top-p. Every drafter that produces logits calls
 :func:`logits_to_probs` with the request's params, as the core does for the target.
+
+A seeded request draws each token from its own position's noise (:class:`PositionNoise`), so
+its output depends on the seed and the prompt only: not on the batch, the draft lengths the
+policy chose, what was drafted, or how many times it ran.
 """
 
 from __future__ import annotations
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specdec.kernels.reference import sample_by_race
 
 
 #: Temperatures below this are greedy decoding (vLLM's threshold).
@@ -73,6 +80,71 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a 1-D distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def invalid_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per row of ``[..., vocab]`` logits: whether it holds a NaN or ``+inf`` (``-inf`` masks a
+    token and is allowed). One pass: such a row's sum is NaN or ``+inf``."""
+    total = logits.float().sum(-1)
+    return total.isnan() | total.isposinf()
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _position_seed(seed: int, position: int) -> int:
+    """A 64-bit seed for ``position`` of a request seeded with ``seed`` (SplitMix64's finalizer,
+    so neighbouring positions and seeds get unrelated streams)."""
+    z = (seed + (position + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class PositionNoise:
+    """The Exp(1) noise of each sequence position of one seeded request.
+
+    The token at position ``t`` is ``argmax(p / E_t)`` (an exponential race: a draw from ``p``)
+    with ``E_t`` drawn from a CPU generator seeded by ``(seed, t)``. Plain decoding, every
+    speculative step and the verifier read the same ``E_t``, so a seeded request's output is the
+    same token for token whatever was drafted, and a drafter that samples its draft for position
+    ``t`` with ``E_t`` too (:meth:`specdec.requests.Request.sample`) proposes the token the target
+    will pick whenever both distributions agree on it (a Gumbel-max coupling).
+
+    Noise for positions not yet committed is kept for the step that needs it again;
+    :meth:`forget_before` drops the rest.
+    """
+
+    def __init__(self, seed: int, vocab_size: int) -> None:
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self._noise: dict[int, torch.Tensor] = {}
+
+    def at(self, position: int) -> torch.Tensor:
+        """``E_position``: ``[vocab]`` float32 on the CPU."""
+        noise = self._noise.get(position)
+        if noise is None:
+            generator = torch.Generator().manual_seed(_position_seed(self.seed, position))
+            noise = exponential_noise(self.vocab_size, generator)
+            self._noise[position] = noise
+        return noise
+
+    def window(self, start: int, count: int, device: torch.device) -> torch.Tensor:
+        """``[count, vocab]``: the noise of positions ``start .. start + count - 1`` on ``device``."""
+        return torch.stack([self.at(start + i) for i in range(count)]).to(device)
+
+    def forget_before(self, position: int) -> None:
+        """Drop the noise of positions before ``position`` (they are committed)."""
+        for old in [p for p in self._noise if p < position]:
+            del self._noise[old]
+
+
+def exponential_noise(size: int, generator: torch.Generator | None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``size`` Exp(1) variates as ``-log(U)``, ``U ~ U[0, 1)``: several times faster than
+    ``Tensor.exponential_`` on CPU. ``U == 0`` (one draw in 2**24) gives ``inf``, so that token
+    simply cannot win the race; ``-log(1 - U)`` would give ``0`` instead, and that token would win
+    whatever its probability."""
+    return torch.rand(size, generator=generator, device=device).log_().neg_()
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``argmax(p / E)`` over the last dim: the token ``noise`` draws from ``probs``."""
+    return sample_by_race(probs.float(), noise.to(probs.device))

@@ -1,16 +1,23 @@
 """The core's lossless verification of a step's requests, batched onto :mod:`specdec.kernels`.
 
-- Greedy requests (temperature 0): keep drafts while they equal the target's argmax; the next
-  token is the argmax after the last kept draft. Output equals plain greedy decoding.
-- Greedy requests with a tree proposal (``DraftProposal.parents``): the longest root-down path
-  whose every node is the target's argmax at its parent; the next token is the argmax after it.
-- Sampled requests: rejection sampling (Leviathan et al. 2023; Chen et al. 2023) against the
-  target distribution shaped by each request's own params; a proposal without ``probs``
-  (n-gram) has a one-hot ``q``. Output follows the target distribution.
+Each request has a *target pick* at every position when it is greedy or seeded:
 
-Each group runs as one padded batch. A request's random numbers come from its own generator in a
-fixed order (one uniform per draft, then one Exp(1) variate per vocabulary entry), so a seeded
-request gives the same tokens whatever else is in the batch, and on either backend.
+- greedy: the target's argmax;
+- sampled with a seed: the exponential race ``argmax(p / E_t)`` with the position's own noise
+  (:class:`~specdec.sampling.PositionNoise`), a draw from the target's distribution ``p``.
+
+Chains keep drafts while they equal the pick (the next token is the pick after the last kept
+draft); trees (``DraftProposal.parents``) keep the longest root-down path whose every node is the
+pick at its parent. The output is then exactly what plain decoding picks, token for token, for
+any drafter: lossless, and a seeded request's output does not depend on the batch, the draft
+length or the drafts.
+
+Sampled requests without a seed use rejection sampling (Leviathan et al. 2023; Chen et al.
+2023) against the target distribution shaped by each request's own params, which keeps a
+stochastic draft more often than matching a pick does; a proposal without ``probs`` (n-gram) has
+a one-hot ``q``. Output follows the target distribution. They verify chains only.
+
+Each group runs as one padded batch.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch
 from specdec import kernels
 from specdec.errors import VerifyInputError
 from specdec.requests import DraftProposal, Request, VerifyResult
-from specdec.sampling import greedy_tokens, logits_to_probs
+from specdec.sampling import exponential_noise, greedy_tokens, logits_to_probs, race
 
 
 def verify_requests(
@@ -28,21 +35,36 @@ def verify_requests(
 ) -> list[VerifyResult]:
     """One :class:`VerifyResult` per request (``target_logits[i]``: ``[len(proposals[i]) + 1, V]``)."""
     results: list[VerifyResult | None] = [None] * len(requests)
+    picked = [r.params.greedy or r.noise is not None for r in requests]
     is_tree = [p.parents is not None for p in proposals]
-    greedy = [i for i, request in enumerate(requests) if request.params.greedy and not is_tree[i]]
-    trees = [i for i, request in enumerate(requests) if request.params.greedy and is_tree[i]]
-    sampled = [i for i, request in enumerate(requests) if not request.params.greedy]
+    chains = [i for i in range(len(requests)) if picked[i] and not is_tree[i]]
+    trees = [i for i in range(len(requests)) if picked[i] and is_tree[i]]
+    sampled = [i for i in range(len(requests)) if not picked[i]]
     if any(is_tree[i] for i in sampled):
         raise VerifyInputError(
-            "DraftProposal.parents: the core verifies draft trees for greedy requests only; propose a chain "
-            "for a sampled request, or verify trees in your plugin's specdec_verify"
+            "DraftProposal.parents: the core verifies draft trees for greedy or seeded requests only; propose "
+            "a chain for a sampled request without a seed, or verify trees in your plugin's specdec_verify"
         )
-    for group, verify in ((greedy, _verify_greedy), (trees, _verify_trees), (sampled, _verify_sampled)):
+    for group, verify in ((chains, _verify_chains), (trees, _verify_trees), (sampled, _verify_sampled)):
         if group:
-            picked = verify([requests[i] for i in group], [proposals[i] for i in group], [target_logits[i] for i in group])
-            for i, result in zip(group, picked):
+            outcome = verify([requests[i] for i in group], [proposals[i] for i in group], [target_logits[i] for i in group])
+            for i, result in zip(group, outcome):
                 results[i] = result
     return results  # type: ignore[return-value]  # every slot is filled by one group
+
+
+def target_picks(request: Request, logits: torch.Tensor, depths: list[int] | None = None) -> torch.Tensor:
+    """The target's pick after each row of ``logits`` (``[rows, V]``) for a greedy or seeded request.
+
+    Row ``r`` predicts sequence position ``len(request.token_ids) + depths[r]`` (default: ``r``,
+    a chain): a seeded request draws it with that position's noise.
+    """
+    if request.params.greedy:
+        return greedy_tokens(logits)
+    start = len(request.token_ids)
+    positions = range(start, start + logits.shape[0]) if depths is None else [start + d for d in depths]
+    noise = torch.stack([request.noise.at(p) for p in positions]).to(logits.device)
+    return race(logits_to_probs(logits, request.params), noise)
 
 
 def _padded_drafts(proposals: list[DraftProposal], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,11 +82,11 @@ def _results(acceptance: kernels.Acceptance) -> list[VerifyResult]:
     return [VerifyResult(n, t) for n, t in zip(num_accepted, next_tokens)]
 
 
-def _verify_greedy(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
+def _verify_chains(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
     device = logits[0].device
     draft_ids, num_drafts = _padded_drafts(proposals, device)
-    target_argmax = _stack_padded([greedy_tokens(lg) for lg in logits], draft_ids.shape[1] + 1)
-    return _results(kernels.greedy_accept(draft_ids, num_drafts, target_argmax))
+    picks = _stack_padded([target_picks(r, lg) for r, lg in zip(requests, logits)], draft_ids.shape[1] + 1)
+    return _results(kernels.greedy_accept(draft_ids, num_drafts, picks))
 
 
 def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
@@ -74,8 +96,8 @@ def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logit
     parents = torch.full((len(proposals), n), -1, dtype=torch.long)
     for row, proposal in enumerate(proposals):
         parents[row, : len(proposal)] = torch.tensor(proposal.parents, dtype=torch.long)
-    target_argmax = _stack_padded([greedy_tokens(lg) for lg in logits], n + 1)
-    outcome = kernels.tree_accept(node_ids, parents.to(device), num_nodes, target_argmax)
+    picks = [target_picks(r, lg, _depths(p.parents)) for r, p, lg in zip(requests, proposals, logits)]
+    outcome = kernels.tree_accept(node_ids, parents.to(device), num_nodes, _stack_padded(picks, n + 1))
     results = []
     for count, path, token in zip(outcome.num_accepted.tolist(), outcome.accepted_nodes.tolist(), outcome.next_token.tolist()):
         results.append(VerifyResult(count, token, path[:count]))
@@ -89,21 +111,24 @@ def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], log
     k = draft_ids.shape[1]
     target_probs = _stack_padded([logits_to_probs(lg, r.params) for r, lg in zip(requests, logits)], k + 1)
     draft_probs = _draft_probs(proposals, len(requests), k, vocab, device)
-    draws = [_random_numbers(r.generator, len(p), vocab, device) for r, p in zip(requests, proposals)]
+    draws = [_random_numbers(len(p), vocab, device) for p in proposals]
     uniform = _stack_padded([u for u, _ in draws], k)
     exponential = torch.stack([e for _, e in draws])
     return _results(kernels.rejection_accept(draft_ids, num_drafts, draft_probs, target_probs, uniform, exponential))
 
 
-def _random_numbers(generator: torch.Generator | None, k: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's draws, in a fixed order: ``k`` uniforms, then ``vocab`` Exp(1) variates.
+def _random_numbers(k: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's draws: ``k`` uniforms, then ``vocab`` Exp(1) variates."""
+    return torch.rand(k, device=device), exponential_noise(vocab, None, device)
 
-    Exp(1) as ``-log(1 - U)``: the same law as ``Tensor.exponential_``, six times faster on CPU.
-    """
-    draw_device = generator.device if generator is not None else device
-    uniform = torch.rand(k, generator=generator, device=draw_device)
-    exponential = torch.rand(vocab, generator=generator, device=draw_device).neg_().log1p_().neg_()
-    return uniform.to(device), exponential.to(device)
+
+def _depths(parents: list[int]) -> list[int]:
+    """Depth of each row of a tree's forward: the root (the last committed token) is 0, a node one
+    more than its parent."""
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent + 1] + 1)
+    return depths
 
 
 def _stack_padded(tensors: list[torch.Tensor], rows: int) -> torch.Tensor:

@@ -1,12 +1,14 @@
 """The Triton kernels equal the torch path exactly, and sample the target distribution.
 
-Run under the Triton interpreter on CPU (see conftest.py). Shapes stay small: the interpreter
-runs each program in Python (about 10 ms per request for rejection sampling, 40 ms for a tree).
+Run under the Triton interpreter on CPU, or compiled on CUDA tensors with
+``SPECDEC_TEST_DEVICE=cuda`` (see conftest.py). Shapes stay small: the interpreter runs each
+program in Python (about 10 ms per request for rejection sampling, 40 ms for a tree).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 
 import pytest
@@ -19,12 +21,22 @@ from specdec.kernels import triton_kernels as tk
 from specdec.testing.conformance import P_VALUE_FLOOR, chi_square_p_value
 
 
-def test_kernels_are_interpreted() -> None:
-    """The kernels really are the interpreter's (the comparisons below are not torch vs torch),
-    and forcing the triton backend routes CPU tensors to them."""
+def test_the_kernels_under_test_run() -> None:
+    """Under TRITON_INTERPRET=1 the kernels really are the interpreter's (the comparisons below
+    are not torch vs torch) and CPU tensors keep the torch path unless the triton backend is
+    forced; otherwise they are compiled, and CUDA tensors go to them."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     for kernel in (tk.greedy_accept_kernel, tk.rejection_accept_kernel, tk.tree_accept_kernel):
-        assert isinstance(kernel, InterpretedFunction)
-    assert dispatch.implementation(torch.device("cpu")) is dispatch._reference()
+        assert isinstance(kernel, InterpretedFunction) is interpreted
+    if interpreted:
+        assert dispatch.implementation(torch.device("cpu")) is dispatch._reference()
+    else:
+        assert dispatch.implementation(torch.device("cuda")) is dispatch._kernels()
+
+
+def _on(device: torch.device, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The inputs on the device under test: the interpreter reads CPU tensors, compiled kernels CUDA ones."""
+    return tuple(t.to(device) if t is not None else None for t in tensors)
 
 
 def _assert_same(got: tuple, expected: tuple) -> None:
@@ -56,10 +68,10 @@ def _greedy_case(batch: int, k: int, kind: str, seed: int):
     ("batch", "k", "kind"),
     [(1, 1, "all"), (1, 1, "none"), (1, 8, "all"), (1, 8, "none"), (1, 8, "mixed"), (5, 8, "mixed"), (4, 1, "mixed"), (3, 0, "all")],
 )
-def test_greedy_accept_equals_torch(batch: int, k: int, kind: str) -> None:
+def test_greedy_accept_equals_torch(batch: int, k: int, kind: str, device: torch.device) -> None:
     """Greedy acceptance: same accepted counts and padded output ids as the torch path, for batch
     1 and 5, draft lengths 0, 1 and 8, all accepted, none accepted and mixed padded rows."""
-    draft_ids, num_drafts, target_argmax = _greedy_case(batch, k, kind, seed=batch * 10 + k)
+    draft_ids, num_drafts, target_argmax = _on(device, *_greedy_case(batch, k, kind, seed=batch * 10 + k))
     expected = reference.greedy_accept(draft_ids, num_drafts, target_argmax)
     _assert_same(tk.greedy_accept(draft_ids, num_drafts, target_argmax), expected)
     if kind == "all":
@@ -126,12 +138,12 @@ REJECTION_CASES = [
     REJECTION_CASES,
     ids=[f"b{b}-k{k}-v{v}-{kind}-{str(d)[6:]}-{'q' if q else 'onehot'}" for b, k, v, kind, d, q in REJECTION_CASES],
 )
-def test_rejection_accept_equals_torch(batch, k, vocab, kind, dtype, with_q) -> None:
+def test_rejection_accept_equals_torch(batch, k, vocab, kind, dtype, with_q, device: torch.device) -> None:
     """Rejection sampling with the same random numbers: same accepted counts, same recovered and
     bonus tokens as the torch path, over batch 1 to 4, draft lengths 0 to 8, all / none / mixed
     accepted, an empty residual (p == q), a 49152-token vocabulary, fp32, fp16 and bf16 inputs,
     with draft probabilities and with one-hot drafts."""
-    args = _rejection_case(batch, k, vocab, kind, dtype, with_q, seed=batch * 100 + k + vocab)
+    args = _on(device, *_rejection_case(batch, k, vocab, kind, dtype, with_q, seed=batch * 100 + k + vocab))
     expected = reference.rejection_accept(*args)
     _assert_same(tk.rejection_accept(*args), expected)
     num_drafts = args[1]
@@ -160,7 +172,7 @@ def _exact_outcomes(drafts: list[int], p: torch.Tensor, q: torch.Tensor) -> dict
     return out
 
 
-def test_rejection_kernel_samples_the_target_distribution() -> None:
+def test_rejection_kernel_samples_the_target_distribution(device: torch.device) -> None:
     """Sampled output follows the target. 500 requests draw their drafts from q and go through
     the kernel in one batch: the first emitted token follows p (the lossless property), and the
     (accepted count, next token) pairs fit their exact probabilities, which check the acceptance
@@ -170,10 +182,10 @@ def test_rejection_kernel_samples_the_target_distribution() -> None:
     q = torch.tensor([[0.05, 0.15, 0.50, 0.30], [0.10, 0.60, 0.10, 0.20]])
     n = 500
     draft_ids = torch.stack([torch.multinomial(q[i], n, replacement=True, generator=g) for i in range(2)], dim=1)
-    got = tk.rejection_accept(
-        draft_ids, torch.full((n,), 2), q.expand(n, 2, 4), p.expand(n, 3, 4),
+    got = tk.rejection_accept(*_on(
+        device, draft_ids, torch.full((n,), 2), q.expand(n, 2, 4), p.expand(n, 3, 4),
         torch.rand(n, 2, generator=g), torch.empty(n, 4).exponential_(generator=g),
-    )
+    ))
     first = Counter((row[0],) for row in got.output_ids.tolist())
     assert chi_square_p_value(first, {(t,): float(p[0, t]) for t in range(4)}, n) > P_VALUE_FLOOR
 
@@ -224,11 +236,11 @@ TREE_CASES = [
 
 
 @pytest.mark.parametrize(("batch", "parents", "kind"), TREE_CASES, ids=[f"b{b}-n{len(p)}-{k}-{i}" for i, (b, p, k) in enumerate(TREE_CASES)])
-def test_tree_accept_equals_torch(batch: int, parents: list[int], kind: str) -> None:
+def test_tree_accept_equals_torch(batch: int, parents: list[int], kind: str, device: torch.device) -> None:
     """Tree acceptance: same path length, path nodes and next token as the torch path, for one
     node, a chain of 8, a binary tree (all, none, random accepted), padded mixed trees and an
     empty tree."""
-    args = _tree_case(batch, parents, kind, seed=batch + len(parents))
+    args = _on(device, *_tree_case(batch, parents, kind, seed=batch + len(parents)))
     expected = reference.tree_accept(*args)
     _assert_same(tk.tree_accept(*args), expected)
     if kind == "none":
@@ -240,12 +252,12 @@ def test_tree_accept_equals_torch(batch: int, parents: list[int], kind: str) -> 
         assert expected.num_accepted.tolist() == [max(depth.values())] * batch
 
 
-def test_tree_accept_ties_go_to_the_lowest_node() -> None:
+def test_tree_accept_ties_go_to_the_lowest_node(device: torch.device) -> None:
     """Two accepted paths of equal length: both backends keep the one ending at the lower index."""
     node_ids = torch.tensor([[5, 5, 7, 7]])
     parents = torch.tensor([[-1, -1, 0, 1]])
     target_argmax = torch.tensor([[5, 7, 7, 1, 2]])  # root -> 5 (both children), each -> 7
-    args = (node_ids, parents, torch.tensor([4]), target_argmax)
+    args = _on(device, node_ids, parents, torch.tensor([4]), target_argmax)
     expected = reference.tree_accept(*args)
     assert expected.accepted_nodes.tolist() == [[0, 2, -1, -1]] and expected.next_token.tolist() == [1]
     _assert_same(tk.tree_accept(*args), expected)
@@ -255,26 +267,37 @@ def test_tree_accept_ties_go_to_the_lowest_node() -> None:
 
 
 def test_engine_on_the_kernels_matches_the_torch_path(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With SPECDEC_VERIFY_BACKEND=triton the engine verifies through the (interpreted) kernels:
-    greedy output equals plain greedy, and a seeded sampled request gives the very tokens the
-    torch path gives (same random numbers, same decisions), with drafts both kept and rejected."""
+    """With SPECDEC_VERIFY_BACKEND=triton the engine verifies through the kernels: greedy output
+    equals plain greedy; a sampled request (rejection sampling, torch's generator seeded alike)
+    gives the very tokens the torch path gives (same random numbers, same decisions), with drafts
+    both kept and rejected; and so does a seeded one (its own draws, matched greedily)."""
     prompt = tiny.encode("hello world, hello world, hello")
     config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "adaptive_draft_len": False}
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=16))[0]
-    sampled = [SamplingParams(temperature=1.0, top_k=4, max_tokens=12, seed=s, ignore_eos=True) for s in range(3)]
+    sampled = SamplingParams(temperature=1.0, top_k=4, max_tokens=12, ignore_eos=True)
     launches = Counter()
     for name in ("greedy_accept", "rejection_accept"):
         launch = getattr(tk, name)
         monkeypatch.setattr(tk, name, lambda *args, _launch=launch, _name=name: launches.update([_name]) or _launch(*args))
-    outputs = {}
+    outputs, seeded = {}, {}
     for backend in ("torch", "triton"):
         monkeypatch.setenv(dispatch.BACKEND_ENV, backend)
-        assert kernels.backend_for(torch.device("cpu")) == backend
+        assert kernels.backend_for(tiny.model.device) == backend
         with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
             greedy = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=16))[0]
             assert greedy.token_ids == plain.token_ids and greedy.metrics.num_accepted_tokens > 0
-            outputs[backend] = [llm.generate({"prompt_token_ids": prompt}, params)[0] for params in sampled]
+            outputs[backend] = []
+            for s in range(3):
+                torch.manual_seed(s)
+                outputs[backend].append(llm.generate({"prompt_token_ids": prompt}, sampled)[0])
+            launches_before = launches["rejection_accept"]
+            seeded[backend] = [
+                llm.generate({"prompt_token_ids": prompt}, sampled.model_copy(update={"seed": s}))[0].token_ids
+                for s in range(3)
+            ]
+            assert launches["rejection_accept"] == launches_before, "seeded requests need no rejection sampling"
     assert [o.token_ids for o in outputs["triton"]] == [o.token_ids for o in outputs["torch"]]
+    assert seeded["triton"] == seeded["torch"]
     steps = sum(o.metrics.num_steps for o in outputs["triton"])
     assert launches["rejection_accept"] == steps and launches["greedy_accept"] > 0
     accepted = sum(o.metrics.num_accepted_tokens for o in outputs["triton"])
@@ -282,12 +305,13 @@ def test_engine_on_the_kernels_matches_the_torch_path(tiny, monkeypatch: pytest.
     assert 0 < accepted < drafted
 
 
-def test_bench_kernels_times_the_kernels(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """`specdec bench-kernels` runs the kernels beside the torch path (here under the
-    interpreter) and finds the same results for every operation and batch size."""
+def test_bench_kernels_times_the_kernels(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                        device: torch.device) -> None:
+    """`specdec bench-kernels` runs the kernels beside the torch path (under the interpreter, or
+    compiled on CUDA) and finds the same results for every operation and batch size."""
     from specdec.cli.main import main
 
     monkeypatch.setenv("COLUMNS", "200")
-    assert main(["bench-kernels", "--batch", "1,2", "--draft-len", "3", "--vocab", "64", "--iters", "1", "--device", "cpu"]) == 0
+    assert main(["bench-kernels", "--batch", "1,2", "--draft-len", "3", "--vocab", "64", "--iters", "1", "--device", device.type]) == 0
     rows = [line.split("│") for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     assert len(rows) == 8 and all(row[6].strip() == "yes" and float(row[4]) > 0 for row in rows), rows

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch
 from pydantic import Field, field_validator
 
 from specdec.config import SpeculativeConfig
@@ -67,10 +68,19 @@ def specdec_prepare_draft_tokens(
     if not isinstance(config, UserProvidedDecodingConfig):
         return None
     proposals = config.drafter.prepare_draft_tokens(requests, resource_manager)
-    if proposals is None or len(proposals) != len(requests):
-        got = "None" if proposals is None else len(proposals)
-        raise PluginError(f"user drafter returned {got} proposals for {len(requests)} requests")
-    return [p if isinstance(p, DraftProposal) else DraftProposal(list(p)) for p in proposals]
+    expected = f"expected a list of {len(requests)} proposals (DraftProposal or a list of token ids), one per request"
+    if not isinstance(proposals, (list, tuple)):
+        got = "None" if proposals is None else f"a {type(proposals).__name__}"
+        raise PluginError(f"user drafter returned {got}; {expected}")
+    if len(proposals) != len(requests):
+        raise PluginError(f"user drafter returned {len(proposals)} proposals for {len(requests)} requests; {expected}")
+    return [_as_proposal(p) for p in proposals]
+
+
+def _as_proposal(item: Any) -> Any:
+    """A token list wrapped as a chain, as it is; anything else unchanged. The engine checks
+    every proposal (type, token ids, parents, probabilities) and names what was expected."""
+    return DraftProposal(item) if isinstance(item, (list, tuple, torch.Tensor)) else item
 
 
 @hookimpl

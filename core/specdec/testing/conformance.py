@@ -12,7 +12,9 @@ pytest then runs every ``test_*`` below against the method, on a tiny random fp3
 
 - greedy output equals plain greedy output token for token, with drafts actually accepted;
 - sampled output follows the target distribution (chi-square test against the exact joint
-  distribution of the first tokens, with both acceptances and rejections observed);
+  distribution of the first tokens, with both acceptances and rejections observed), in the
+  default configuration (adaptive draft length on, no seed) and for seeded requests;
+- a seeded sampled request gives plain decoding's output for its seed, alone, batched and again;
 - prompts decoded as a batch (ragged acceptance, requests leaving and joining) give each
   prompt's own plain greedy output;
 - a stop token inside a run of accepted drafts ends the output exactly where plain decoding does;
@@ -30,6 +32,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams, SpeculativeConfig
+from specdec.testing.device import device_under_test
 from specdec.testing.tiny import TinyTarget, make_tiny_target
 
 #: Reject the null hypothesis "speculative sampling follows the target" below this p-value.
@@ -48,7 +51,7 @@ def exact_joint_distribution(model: Any, prompt_ids: list[int], params: Sampling
         for _ in range(length):
             nxt: dict[tuple[int, ...], float] = {}
             for prefix, mass in dist.items():
-                ids = torch.tensor([prompt_ids + list(prefix)])
+                ids = torch.tensor([prompt_ids + list(prefix)], device=model.device)
                 probs = logits_to_probs(model(ids).logits[0, -1], params)
                 for tok in probs.nonzero().flatten().tolist():
                     nxt[prefix + (tok,)] = mass * float(probs[tok])
@@ -96,7 +99,8 @@ class MethodConformance:
         raise NotImplementedError
 
     def make_target(self) -> TinyTarget:
-        return make_tiny_target(seed=0)
+        """The tiny target on the device under test (``SPECDEC_TEST_DEVICE``, ``cpu`` unless set)."""
+        return make_tiny_target(seed=0, device=device_under_test())
 
     # -- fixtures -------------------------------------------------------------------------------
 
@@ -151,29 +155,73 @@ class MethodConformance:
             accepted += got.metrics.num_accepted_tokens
         assert accepted > 0, "no draft token was ever accepted: the test would prove nothing"
 
-    def test_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
-        """Speculative sampling draws from the target's own distribution (chi-square)."""
-        prompt = prompts[0]
-        expected = exact_joint_distribution(target.model, prompt, self.sampling, self.sample_length)
+    def _sampled_outcomes(self, target: TinyTarget, config: Any, prompt: list[int], seeded: bool) -> tuple[dict[tuple[int, ...], int], Any]:
+        """``num_samples`` outputs of ``prompt`` in one ``generate`` call (the requests run in
+        batches), counted; and the metrics. Seeded: each request has its own seed."""
         observed: dict[tuple[int, ...], int] = {}
-        llm = LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer)
+        params = self.sampling.model_copy(update={"max_tokens": self.sample_length, "ignore_eos": True})
+        llm = LLM(target.model, config, tokenizer=target.tokenizer)
         try:
-            # One call: the requests run in batches, each with its own seed.
-            params = [
-                self.sampling.model_copy(update={"seed": seed, "max_tokens": self.sample_length, "ignore_eos": True})
-                for seed in range(self.num_samples)
-            ]
-            for out in llm.generate([{"prompt_token_ids": prompt}] * self.num_samples, params):
+            if seeded:
+                outputs = llm.generate(
+                    [{"prompt_token_ids": prompt}] * self.num_samples,
+                    [params.model_copy(update={"seed": seed}) for seed in range(self.num_samples)],
+                )
+            else:
+                torch.manual_seed(0)
+                outputs = llm.generate([{"prompt_token_ids": prompt}] * self.num_samples, params)
+            for out in outputs:
                 key = tuple(out.token_ids)
                 observed[key] = observed.get(key, 0) + 1
-            metrics = llm.get_metrics()
+            return observed, llm.get_metrics()
         finally:
             llm.close()
+
+    def test_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
+        """Speculative sampling draws from the target's own distribution (chi-square), in the
+        configuration users get: the adaptive draft length on and no seed (rejection sampling)."""
+        prompt = prompts[0]
+        observed, metrics = self._sampled_outcomes(target, config, prompt, seeded=False)
         assert 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens, (
             "the samples saw no acceptance or no rejection: the test would prove nothing"
         )
+        expected = exact_joint_distribution(target.model, prompt, self.sampling, self.sample_length)
         p_value = chi_square_p_value(observed, expected, self.num_samples)
         assert p_value > P_VALUE_FLOOR, f"sampled outputs do not follow the target (p={p_value:.2e})"
+
+    def test_seeded_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
+        """Seeded requests (each token drawn with its position's noise) follow the target's
+        distribution too (chi-square over seeds), with every proposal verified in full."""
+        prompt = prompts[0]
+        observed, metrics = self._sampled_outcomes(target, fixed_draft_len(config), prompt, seeded=True)
+        # A drafter drawing with the same noise from the target's own distribution is never
+        # rejected, so only acceptance is required here.
+        assert metrics.num_accepted_tokens > 0, "no draft was accepted: the test would prove nothing"
+        expected = exact_joint_distribution(target.model, prompt, self.sampling, self.sample_length)
+        p_value = chi_square_p_value(observed, expected, self.num_samples)
+        assert p_value > P_VALUE_FLOOR, f"seeded sampled outputs do not follow the target (p={p_value:.2e})"
+
+    def test_seeded_output_is_reproducible(self, target: TinyTarget, config: Any, plain: LLM, prompts: list[list[int]]) -> None:
+        """A seeded sampled request gives plain decoding's output for that seed, token for token
+        (fp32): alone and batched in the default configuration (the adaptive draft length
+        choosing), batched with every proposal verified in full, and again."""
+        params = [
+            self.sampling.model_copy(update={"max_tokens": 24, "ignore_eos": True, "seed": 1000 + i})
+            for i in range(len(prompts))
+        ]
+        requests = [{"prompt_token_ids": ids} for ids in prompts]
+        expected = [o.token_ids for o in plain.generate(requests, params)]
+        with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=3) as llm:
+            alone = [llm.generate(r, p)[0].token_ids for r, p in zip(requests, params)]
+            batched = [o.token_ids for o in llm.generate(requests, params)]
+        with LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer, max_batch_size=3) as llm:
+            full = llm.generate(requests, params)
+            again = [o.token_ids for o in llm.generate(requests, params)]
+        assert alone == expected
+        assert batched == expected
+        assert [o.token_ids for o in full] == expected
+        assert again == expected
+        assert sum(o.metrics.num_accepted_tokens for o in full) > 0, "no draft was accepted: the test would prove little"
 
     def test_batched_greedy_equals_each_prompts_plain_greedy(
         self, target: TinyTarget, config: Any, plain: LLM, prompts: list[list[int]]

@@ -30,10 +30,12 @@ def default_model_llm(dtype: str = "float32") -> Iterator[LLM]:
 
 
 def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: str, samples: int = 120,
-                                 tokens: int = 3, chat: bool = False) -> tuple[float, int]:
+                                 tokens: int = 3, chat: bool = False, seeded: bool = True) -> tuple[float, int]:
     """Sample ``tokens`` tokens (temperature 1, top-k 2) ``samples`` times with speculation and
     compare them with the target's exact joint distribution by a chi-square test. ``chat`` wraps
-    ``prompt`` as a user turn (a drafter trained on chat replies drafts well there).
+    ``prompt`` as a user turn (a drafter trained on chat replies drafts well there). ``seeded``:
+    each sample has its own seed (the draws of each position's noise); otherwise none has one
+    (rejection sampling, from torch's global generator, seeded here once).
 
     Returns the p-value and the number of accepted draft tokens (a test should demand both a
     p-value above :data:`~specdec.testing.conformance.P_VALUE_FLOOR` and accepted drafts, or it
@@ -43,24 +45,27 @@ def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: s
     sampling = SamplingParams(temperature=1.0, top_k=2, max_tokens=tokens, ignore_eos=True)
     expected = exact_joint_distribution(plain.model, ids, sampling, tokens)
     observed: dict[tuple[int, ...], int] = {}
+    torch.manual_seed(0)
     with LLM(plain.model, speculative_config, tokenizer=plain.tokenizer) as llm:
         for seed in range(samples):
-            out = llm.generate({"prompt_token_ids": ids}, sampling.model_copy(update={"seed": seed}))[0]
+            params = sampling.model_copy(update={"seed": seed}) if seeded else sampling
+            out = llm.generate({"prompt_token_ids": ids}, params)[0]
             observed[tuple(out.token_ids)] = observed.get(tuple(out.token_ids), 0) + 1
         accepted = llm.get_metrics().num_accepted_tokens
     return chi_square_p_value(observed, expected, samples), accepted
 
 
-def greedy_outputs_alone_and_batched(plain: LLM, speculative_config: dict, categories: list[str],
-                                     max_tokens: int = 32) -> tuple[list[list[int]], list[Any], list[Any]]:
-    """Greedy replies to the first Spec-Bench question of each category: plain decoding's token
-    ids, then the speculative outputs with each prompt decoded alone and all decoded together.
+def outputs_alone_and_batched(plain: LLM, speculative_config: dict, categories: list[str], max_tokens: int = 32,
+                              sampling: SamplingParams | None = None) -> tuple[list[list[int]], list[Any], list[Any]]:
+    """Replies to the first Spec-Bench question of each category (greedy, or ``sampling``, which
+    should then carry a seed): plain decoding's token ids, then the speculative outputs with each
+    prompt decoded alone and all decoded together.
 
     A lossless method gives ``expected == [o.token_ids for o in alone] == [... batched]``; a test
     should also demand accepted drafts (``o.metrics.num_accepted_tokens``), or nothing was verified.
     """
     prompts = [q.turns[0] for q in load_questions("spec_bench", categories, per_category=1)]
-    params = SamplingParams(max_tokens=max_tokens)
+    params = (sampling or SamplingParams()).model_copy(update={"max_tokens": max_tokens})
     expected = [plain.generate(p, params, chat=True)[0].token_ids for p in prompts]
     with LLM(plain.model, speculative_config, tokenizer=plain.tokenizer) as llm:
         alone = [llm.generate(p, params, chat=True)[0] for p in prompts]

@@ -47,11 +47,13 @@ class TinyTarget:
         return self.tokenizer(text)["input_ids"]
 
 
-def make_tiny_target(seed: int = 0, sharpness: float = 4.0, num_layers: int = 2, hidden: int = 64) -> TinyTarget:
-    """A random fp32 Llama over the tiny tokenizer's vocabulary.
+def make_tiny_target(seed: int = 0, sharpness: float = 4.0, num_layers: int = 2, hidden: int = 64,
+                     device: str | torch.device = "cpu") -> TinyTarget:
+    """A random fp32 Llama over the tiny tokenizer's vocabulary, on ``device``.
 
     ``sharpness`` scales the output head so the next-token distributions are peaked, like a
-    trained model's, rather than near uniform.
+    trained model's, rather than near uniform. The weights are drawn on the CPU, so a seed gives
+    the same model on every device.
     """
     tokenizer = tiny_tokenizer()
     config = LlamaConfig(
@@ -72,4 +74,4 @@ def make_tiny_target(seed: int = 0, sharpness: float = 4.0, num_layers: int = 2,
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpness)
     model.generation_config.eos_token_id = 2
-    return TinyTarget(model, tokenizer)
+    return TinyTarget(model.to(device), tokenizer)

@@ -15,26 +15,29 @@ import torch
 
 
 def token_counts(sequences: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Counts over ``(input_ids, loss_mask)`` pairs: ``(assistant-token counts, all-token counts)``."""
+    """Counts over ``(input_ids, loss_mask)`` pairs, on any device: ``(assistant-token counts,
+    all-token counts)``, on the CPU."""
     assistant = torch.zeros(vocab_size, dtype=torch.long)
     every = torch.zeros(vocab_size, dtype=torch.long)
     for ids, mask in sequences:
-        ids = ids.long()
+        ids = ids.long().cpu()
         every += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
-        assistant += torch.bincount(ids[mask.bool()], minlength=vocab_size)[:vocab_size]
+        assistant += torch.bincount(ids[mask.bool().cpu()], minlength=vocab_size)[:vocab_size]
     return assistant, every
 
 
 def frequency_ranking(assistant_counts: torch.Tensor, all_counts: torch.Tensor) -> torch.Tensor:
     """Every token id, most used first: by assistant count, then by count over all text (prompts
-    included), then lower id first, so tokens the replies never use still have a defined order."""
+    included), then lower id first, so tokens the replies never use still have a defined order.
+    Ranked on the CPU (wherever the counts are), as the ranking is saved or indexes CPU tensors."""
     order = torch.arange(assistant_counts.numel())
-    for key in (all_counts, assistant_counts):  # least significant key first; stable sorts keep ties
+    for key in (all_counts.cpu(), assistant_counts.cpu()):  # least significant key first; stable sorts keep ties
         order = order[torch.sort(-key[order], stable=True).indices]
     return order
 
 
 def coverage(assistant_counts: torch.Tensor, kept: torch.Tensor) -> float:
-    """Share of the assistant tokens among ``kept`` (token ids, or a mask over the vocabulary)."""
+    """Share of the assistant tokens among ``kept`` (token ids, or a mask over the vocabulary),
+    which may be on another device than the counts (a head's ``t2d`` on the GPU, say)."""
     total = int(assistant_counts.sum())
-    return float(assistant_counts[kept].sum()) / total if total else 0.0
+    return float(assistant_counts[kept.to(assistant_counts.device)].sum()) / total if total else 0.0

@@ -44,7 +44,6 @@ from transformers import PreTrainedModel
 from specdec import DraftProposal, Request, logits_to_probs
 from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
-from specdec.sampling import sample
 from specdec_draft_target.draft_vocab import trim_output_layer
 
 
@@ -77,10 +76,21 @@ class DraftModel:
         #: Seconds spent so far bringing rows up to date: prefilling a request's row, and feeding
         #: it the tokens emitted while drafting was paused for it.
         self.sync_seconds = 0.0
+        #: Requests added and not yet freed.
+        self._live: set[int] = set()
 
     def add(self, request: Request) -> DraftState:
         """The request's state; its row is prefilled at the first step that drafts for it."""
+        self._live.add(request.request_id)
         return DraftState()
+
+    def free(self, request: Request) -> None:
+        """A request has ended. Its row leaves at the next step's sync (one copy of the cache for
+        every request that left since); once no request is left, the cache goes at once, so a
+        finished ``generate`` holds no draft KV memory."""
+        self._live.discard(request.request_id)
+        if not self._live:
+            self.release()
 
     def propose(self, requests: list[Request]) -> list[DraftProposal]:
         """Draft up to ``request.max_draft_len`` tokens after each request's ``token_ids``."""
@@ -123,13 +133,14 @@ class DraftModel:
                     choice = int(logits[b].argmax())
                     if self.confidence_threshold and float(torch.softmax(logits[b], -1)[choice]) < self.confidence_threshold:
                         budgets[b] = step + 1
+                    drafts[b].append(choice if self.vocab is None else int(self.vocab[choice]))
                 else:
-                    q = logits_to_probs(logits[b], request.params)
-                    choice = sample(q, request.generator)
-                    probs[b].append(self._on_target_vocab(q))
+                    q = self._on_target_vocab(logits_to_probs(logits[b], request.params))
+                    choice = request.sample(q, offset=step)
+                    probs[b].append(q)
                     if float(q[choice]) < self.confidence_threshold:
                         budgets[b] = step + 1
-                drafts[b].append(choice if self.vocab is None else int(self.vocab[choice]))
+                    drafts[b].append(choice)
             if step + 1 >= max(budgets):
                 break
             # Rows whose budget is spent are fed a placeholder, rolled back below.

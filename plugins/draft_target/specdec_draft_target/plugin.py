@@ -76,6 +76,7 @@ class DraftTargetResources(ResourceManager):
 
     def free_request(self, request: Request) -> None:
         request.method_state = None
+        self.drafter.free(request)
 
     def setup_seconds(self) -> float:
         return self.drafter.sync_seconds if self.drafter is not None else 0.0
@@ -123,7 +124,9 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
     assistant.generation_config.num_assistant_tokens = config.max_draft_len
     assistant.generation_config.num_assistant_tokens_schedule = "constant"
     # The same early stop as specdec's. 0 turns it off; None would not: transformers fills None
-    # with its default of 0.4. Without scikit-learn transformers keeps the threshold fixed.
+    # with its default of 0.4. Without scikit-learn transformers keeps the threshold fixed; with
+    # it, a non-zero threshold is re-fitted once more than five drafts were judged, some accepted
+    # and some not, and the two early stops part.
     assistant.generation_config.assistant_confidence_threshold = config.confidence_threshold
     return {"assistant_model": assistant}
 

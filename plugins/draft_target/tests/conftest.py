@@ -17,8 +17,9 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
-def tiny() -> TinyTarget:
-    return make_tiny_target(seed=0)
+def tiny(device: torch.device) -> TinyTarget:
+    """The tiny target on the device under test (``SPECDEC_TEST_DEVICE``)."""
+    return make_tiny_target(seed=0, device=device)
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import LLM
+from specdec import LLM, SamplingParams
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import default_model_llm, greedy_outputs_alone_and_batched, sampled_distribution_p_value
+from specdec.testing.real_model import default_model_llm, outputs_alone_and_batched, sampled_distribution_p_value
 
 pytestmark = pytest.mark.real_model
 
@@ -22,19 +22,24 @@ def plain() -> LLM:
         yield llm
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.95, seed=0)],
+                         ids=["greedy", "seeded"])
 @pytest.mark.parametrize("options", [{}, {"confidence_threshold": 0.4}, {"draft_vocab_size": 49152}], ids=str)
-def test_shipped_draft_greedy_is_lossless(plain: LLM, options: dict) -> None:
+def test_shipped_draft_is_lossless(plain: LLM, options: dict, sampling: SamplingParams) -> None:
     """With the shipped draft's defaults (over the 8,192 tokens its replies use most), with chains
-    cut at the draft's low-confidence tokens (``confidence_threshold``), and over the full vocabulary."""
+    cut at the draft's low-confidence tokens (``confidence_threshold``), and over the full
+    vocabulary: plain decoding's output, greedy and sampled with a seed."""
     config = {**CONFIG, **options}
-    expected, alone, batched = greedy_outputs_alone_and_batched(plain, config, ["writing", "coding"])
+    expected, alone, batched = outputs_alone_and_batched(plain, config, ["writing", "coding"], sampling=sampling)
     assert [o.token_ids for o in alone] == expected
     assert [o.token_ids for o in batched] == expected
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
 
 
-def test_shipped_draft_sampling_follows_target(plain: LLM) -> None:
-    """Three sampled tokens (top-k 2) match the exact joint distribution (chi-square)."""
-    p_value, accepted = sampled_distribution_p_value(plain, CONFIG, "The three primary colors are")
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_shipped_draft_sampling_follows_target(plain: LLM, seeded: bool) -> None:
+    """Three sampled tokens (top-k 2) match the exact joint distribution (chi-square), with seeds
+    (drafts drawn with the target's own noise) and without (rejection sampling)."""
+    p_value, accepted = sampled_distribution_p_value(plain, CONFIG, "The three primary colors are", seeded=seeded)
     assert accepted > 0
     assert p_value > P_VALUE_FLOOR

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from draft_target_helpers import save
 from specdec import LLM, ConfigError, Request, SamplingParams
+from specdec.sampling import PositionNoise
 from specdec.testing.conformance import MethodConformance
 from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import SynthesisOptions, synthesize
@@ -63,7 +64,7 @@ class TestTrimmedVocabConformance(MethodConformance):
         trimmed, _ = load_model(config.speculative_model, torch.float32, "cpu")
         drafter = DraftModel(trimmed, vocab, vocab=kept)
         greedy, sampled = SamplingParams(max_tokens=32), SamplingParams(temperature=1.0, max_tokens=32)
-        requests = [Request(i, list(prompts[0]), len(prompts[0]), params, torch.Generator().manual_seed(i))
+        requests = [Request(i, list(prompts[0]), len(prompts[0]), params, PositionNoise(i, vocab))
                     for i, params in enumerate((greedy, sampled))]
         for request in requests:
             request.method_state = drafter.add(request)

@@ -18,11 +18,18 @@ verifier); the same tensors with ``layers.0.`` in place of ``midlayer.``. Its
 ``layers.1.`` on are plain Llama layers (``later_layers.{i - 1}.`` here).
 
 Either may carry ``embed_tokens.weight``; without it the head uses the target's embedding.
+
+Loading checks everything before the head's weights are allocated: config.json's size fields, the
+tensors' values, their names and shapes against the head the config implies (built on the meta
+device, which allocates nothing), and, given the target's sizes, the head against the target. So
+a config whose sizes its tensors do not have (``intermediate_size: 4000000000``) is an error
+naming the field, not an attempt to allocate a terabyte.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from specdec.errors import ConfigError, ModelLoadError
+from specdec_eagle3.compat import check_target
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 
 Layout = Literal["safeailab", "speculators"]
@@ -44,14 +52,28 @@ _LATER_LAYERS = re.compile(r"later_layers\.(\d+)\.")
 #: Tensors some checkpoints carry that inference does not use.
 _IGNORED_PREFIXES = ("verifier_norm.", "verifier_lm_head.")
 _REQUIRED_LLAMA_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+#: Size fields that may be absent (or null) in the decoder layer's config.
+_OPTIONAL_LLAMA_FIELDS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+#: Tensors a checkpoint may omit: :func:`_default_vocab_maps` derives them.
+_DERIVED_TENSORS = ("d2t", "t2d")
+#: No tokenizer comes near this many tokens (the largest in use have about 256k). The vocabulary
+#: is the one size no tensor may pin (``t2d`` is optional), so a larger ``vocab_size`` is refused
+#: as it stands, before the vocabulary map is allocated.
+MAX_VOCAB_SIZE = 1 << 24
 
 
 def detect_layout(config: dict[str, Any]) -> Layout:
     return "speculators" if "speculators_model_type" in config else "safeailab"
 
 
-def load_head(path: str | Path) -> Eagle3Head:
-    """Load an EAGLE-3 head from a checkpoint directory in either layout (float32, on CPU)."""
+def load_head(
+    path: str | Path, *, target_hidden_size: int | None = None, target_vocab_size: int | None = None
+) -> Eagle3Head:
+    """Load an EAGLE-3 head from a checkpoint directory in either layout (float32, on CPU).
+
+    Given both of the target's sizes, a head built for another target is refused before its
+    weights are allocated (:func:`specdec_eagle3.compat.check_target`).
+    """
     directory = Path(path)
     raw = _read_config(directory)
     layout = detect_layout(raw)
@@ -61,12 +83,18 @@ def load_head(path: str | Path) -> Eagle3Head:
         tensors = {_from_speculators(name): t for name, t in tensors.items()}
     elif any(n.startswith(_SPECULATORS_LAYER) for n in tensors) and not any(n.startswith(_MIDLAYER) for n in tensors):
         raise _fail(directory, "tensors named layers.0.* without a speculators config: an EAGLE-1/2 head, not EAGLE-3")
+    shown = _to_speculators if layout == "speculators" else str
     tensors = {n: t for n, t in tensors.items() if not n.startswith(_IGNORED_PREFIXES)}
+    _check_finite(tensors, directory, shown)
+    with_embedding = "embed_tokens.weight" in tensors
+    if target_hidden_size is not None and target_vocab_size is not None:
+        check_target(config, with_embedding, target_hidden_size, target_vocab_size, str(directory))
     config.fc_bias = "fc.bias" in tensors
     _infer_fused_layers(config, tensors)
+    _check_layer_count(config, tensors, directory)
+    _check_tensors(config, _implied_tensors(config, with_embedding), tensors, directory, shown)
     _default_vocab_maps(tensors, config, directory)
-    head = Eagle3Head(config, with_embedding="embed_tokens.weight" in tensors)
-    _check_tensors(head, tensors, directory, _to_speculators if layout == "speculators" else str)
+    head = Eagle3Head(config, with_embedding=with_embedding)
     head.load_state_dict(tensors)
     _check_vocab_maps(head, directory)
     return head.eval()
@@ -143,27 +171,59 @@ def _head_config(raw: dict[str, Any], layout: Layout, directory: Path) -> Eagle3
         fields = raw
         eagle_config = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
         layers = eagle_config.get("eagle_aux_hidden_state_layer_ids", raw.get("eagle_aux_hidden_state_layer_ids"))
-    missing = [f for f in _REQUIRED_LLAMA_FIELDS if not isinstance(fields.get(f), int)]
+    where = "transformer_layer_config" if layout == "speculators" else "config.json"
+    prefix = "transformer_layer_config." if layout == "speculators" else ""
+    missing = [f for f in _REQUIRED_LLAMA_FIELDS if fields.get(f) is None]
     if missing:
-        where = "transformer_layer_config" if layout == "speculators" else "config.json"
         raise _fail(directory, f"{where} lacks the integer field {missing[0]!r}")
-    num_layers = fields.get("num_hidden_layers", 1) if layout == "speculators" else 1
-    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-        raise _fail(directory, f"transformer_layer_config.num_hidden_layers must be a positive integer, got {num_layers!r}")
+    sizes = {f: _positive_int(fields[f], prefix + f, directory) for f in _REQUIRED_LLAMA_FIELDS}
+    for name in _OPTIONAL_LLAMA_FIELDS:
+        if fields.get(name) is not None:
+            _positive_int(fields[name], prefix + name, directory)
+    num_layers = 1
+    if layout == "speculators":
+        num_layers = _positive_int(fields.get("num_hidden_layers", 1), prefix + "num_hidden_layers", directory)
+    draft_vocab = _positive_int(raw.get("draft_vocab_size") or sizes["vocab_size"], "draft_vocab_size", directory)
+    target_hidden = _positive_int(raw.get("target_hidden_size") or sizes["hidden_size"], "target_hidden_size", directory)
+    _check_sizes(fields, sizes, draft_vocab, prefix, directory)
     if layers is not None and not (isinstance(layers, list) and layers and all(isinstance(i, int) for i in layers)):
         raise _fail(directory, f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got {layers!r}")
-    llama = LlamaConfig(**{k: v for k, v in fields.items() if k not in ("architectures", "auto_map")})
-    hidden = int(fields["hidden_size"])
+    try:
+        llama = LlamaConfig(**{k: v for k, v in fields.items() if k not in ("architectures", "auto_map")})
+    except Exception as exc:  # transformers' strict config validation raises several types
+        raise _fail(directory, f"not a valid Llama config: {' '.join(str(exc).split())}") from None
     return Eagle3HeadConfig(
         llama=llama,
-        draft_vocab_size=int(raw.get("draft_vocab_size") or fields["vocab_size"]),
-        target_hidden_size=int(raw.get("target_hidden_size") or hidden),
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=target_hidden,
         num_fused_layers=len(layers) if layers else 3,
         norm_before_residual=bool(raw.get("norm_before_residual", False)),
         norm_before_fc=bool(raw.get("norm_before_fc", False)),
         layers_to_capture=tuple(sorted(layers)) if layers else None,
         num_layers=num_layers,
     )
+
+
+def _positive_int(value: Any, field: str, directory: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(directory, f"{field} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_sizes(fields: dict[str, Any], sizes: dict[str, int], draft_vocab: int, prefix: str, directory: Path) -> None:
+    """A vocabulary of a real size, and sizes that must agree: the two vocabularies, and the
+    attention heads with each other and with the width."""
+    vocab, heads = sizes["vocab_size"], sizes["num_attention_heads"]
+    if vocab > MAX_VOCAB_SIZE:
+        raise _fail(directory, f"{prefix}vocab_size {vocab} is not a real vocabulary (the limit is {MAX_VOCAB_SIZE})")
+    if draft_vocab > vocab:
+        raise _fail(directory, f"draft_vocab_size {draft_vocab} exceeds the target vocabulary ({prefix}vocab_size {vocab})")
+    kv_heads = fields.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+        raise _fail(directory, f"{prefix}num_key_value_heads {kv_heads} does not divide num_attention_heads {heads}")
+    hidden = sizes["hidden_size"]
+    if fields.get("head_dim") is None and hidden % heads:
+        raise _fail(directory, f"{prefix}num_attention_heads {heads} does not divide hidden_size {hidden} (and no head_dim)")
 
 
 def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -208,6 +268,54 @@ def _infer_fused_layers(config: Eagle3HeadConfig, tensors: dict[str, torch.Tenso
             config.num_fused_layers = count
 
 
+def _check_finite(tensors: dict[str, torch.Tensor], directory: Path, shown: Callable[[str], str]) -> None:
+    """NaN or infinite weights would not fail anywhere: they would only draft garbage. The minimum
+    and maximum are non-finite exactly when some value is, and cost a fraction of ``isfinite``."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and tensor.numel() and not all(map(math.isfinite, torch.aminmax(tensor))):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise _fail(directory, f"tensor {shown(name)!r} holds {bad} NaN or infinite value(s)")
+
+
+def _check_layer_count(config: Eagle3HeadConfig, tensors: dict[str, torch.Tensor], directory: Path) -> None:
+    """More decoder layers than the checkpoint has tensors for is refused before any is built."""
+    held = 1 + max((int(m.group(1)) + 1 for n in tensors if (m := _LATER_LAYERS.match(n))), default=0)
+    if config.num_layers > held:
+        raise _fail(
+            directory,
+            f"transformer_layer_config.num_hidden_layers is {config.num_layers} but the checkpoint holds tensors "
+            f"of {held} decoder layer{'s' if held > 1 else ''} (layers.0-{held - 1})",
+        )
+
+
+def _implied_tensors(config: Eagle3HeadConfig, with_embedding: bool) -> dict[str, torch.Tensor]:
+    """The tensors config.json implies: the head's state built on the meta device (shapes, no memory)."""
+    with torch.device("meta"):
+        return Eagle3Head(config, with_embedding=with_embedding).state_dict()
+
+
+def _sized_by(name: str, config: Eagle3HeadConfig) -> str:
+    """The config.json fields that set tensor ``name``'s shape, with their values."""
+    llama, hidden = config.llama, f"hidden_size {config.hidden_size}"
+    if name.startswith(("fc.", "input_norm.")):
+        fields = [hidden, f"target_hidden_size {config.target_hidden_size}", f"{config.num_fused_layers} fused layers"]
+    elif ".mlp." in name:
+        fields = [hidden, f"intermediate_size {llama.intermediate_size}"]
+    elif ".self_attn." in name:
+        kv_heads = llama.num_key_value_heads or llama.num_attention_heads
+        fields = [hidden, f"num_attention_heads {llama.num_attention_heads}", f"num_key_value_heads {kv_heads}",
+                  f"head_dim {config.head_dim}"]
+    elif name.startswith("lm_head."):
+        fields = [hidden, f"draft_vocab_size {config.draft_vocab_size}"]
+    elif name.startswith("embed_tokens."):
+        fields = [hidden, f"vocab_size {config.vocab_size}"]
+    elif name in _DERIVED_TENSORS:
+        fields = [f"draft_vocab_size {config.draft_vocab_size}" if name == "d2t" else f"vocab_size {config.vocab_size}"]
+    else:  # the norms
+        fields = [hidden]
+    return ", ".join(fields)
+
+
 def _default_vocab_maps(tensors: dict[str, torch.Tensor], config: Eagle3HeadConfig, directory: Path) -> None:
     """A head over the full target vocabulary may omit ``d2t``/``t2d``; a compressed one may not."""
     if "d2t" not in tensors:
@@ -225,25 +333,30 @@ def _default_vocab_maps(tensors: dict[str, torch.Tensor], config: Eagle3HeadConf
         tensors["t2d"] = t2d
 
 
-def _check_tensors(head: Eagle3Head, tensors: dict[str, torch.Tensor], directory: Path, shown: Callable[[str], str]) -> None:
-    """Shapes and names against the config; ``shown`` gives a tensor's name as the checkpoint spells it."""
-    expected = head.state_dict()
+def _check_tensors(
+    config: Eagle3HeadConfig,
+    expected: dict[str, torch.Tensor],
+    tensors: dict[str, torch.Tensor],
+    directory: Path,
+    shown: Callable[[str], str],
+) -> None:
+    """Shapes and names against what the config implies (``expected``), so the head allocates
+    exactly what the checkpoint holds; ``shown`` gives a tensor's name as the checkpoint spells it."""
     for name, want in expected.items():
         got = tensors.get(name)
         if got is not None and tuple(got.shape) != tuple(want.shape):
             raise _fail(
                 directory,
                 f"tensor {shown(name)!r} has shape {list(got.shape)} but config.json implies {list(want.shape)} "
-                f"(hidden_size {head.config.hidden_size}, target_hidden_size {head.config.target_hidden_size}, "
-                f"{head.config.num_fused_layers} fused layers, draft_vocab_size {head.config.draft_vocab_size})",
+                f"({_sized_by(name, config)})",
             )
-    missing = sorted(set(expected) - set(tensors))
+    missing = sorted(set(expected) - set(tensors) - set(_DERIVED_TENSORS))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise _fail(directory, f"missing tensor {shown(missing[0])!r}{more}")
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
-        layers = head.config.num_layers
+        layers = config.num_layers
         raise _fail(directory, f"unexpected tensor {shown(unexpected[0])!r}: not part of a {layers}-layer EAGLE-3 head")
 
 

@@ -15,12 +15,13 @@ drafts (catch-up). Drafting then extends the cache with the head's own output as
 (EAGLE's chained step) and rolls those positions back afterwards, so the cache again holds only
 true pairs. Rolling back is cropping the cache's length.
 
-With ``eagle_topk > 1`` greedy requests draft an EAGLE-2 tree (:mod:`specdec_eagle3.tree`): each
+With ``eagle_topk > 1`` greedy and seeded requests draft an EAGLE-2 tree (:mod:`specdec_eagle3.tree`): each
 depth runs one head forward over the whole frontier, every node attending to the committed cache,
 its ancestors' draft slots and itself; the draft slots are rolled back the same way. The target
 verifies the tree and keeps one root-down path, and ``accept`` takes the true features of exactly
-that path's rows. Sampled requests draft a chain of ``max_draft_len`` tokens: the core's
-rejection sampler verifies chains only.
+that path's rows (for a seeded request, the path of the target's own draws). Sampled requests
+without a seed draft a chain of ``max_draft_len`` tokens: the core's rejection sampler verifies
+chains only.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ from specdec import (
     logits_to_probs,
     prepack_linears,
 )
-from specdec.sampling import sample
 from specdec_eagle3.checkpoint import load_head
-from specdec_eagle3.compat import check_target, resolve_layers
+from specdec_eagle3.compat import resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import is_default_model
@@ -82,9 +82,8 @@ class Eagle3Resources(ResourceManager):
     def __init__(self, config: Eagle3DecodingConfig, target: TargetContext) -> None:
         super().__init__()
         source = head_source(config, target)
-        head = load_head(source)
         target_config = target.model.config
-        check_target(head.config, head.embed_tokens is not None, int(target_config.hidden_size), target.vocab_size, source)
+        head = load_head(source, target_hidden_size=int(target_config.hidden_size), target_vocab_size=target.vocab_size)
         self.layers = resolve_layers(config.eagle3_layers_to_capture, head.config, int(target_config.num_hidden_layers))
         if config.eagle_topk > head.config.draft_vocab_size:
             raise ConfigError(
@@ -131,14 +130,14 @@ class Eagle3Resources(ResourceManager):
     @torch.inference_mode()
     def propose(self, request: Request) -> DraftProposal:
         """Draft within the step's budget of ``request.max_draft_len`` tokens: a tree for a greedy
-        request when ``eagle_topk > 1``, else a chain (argmax, or sampled with its distributions)."""
+        or seeded request when ``eagle_topk > 1``, else a chain (argmax, or sampled with its distributions)."""
         budget = request.max_draft_len
         if budget <= 0:
             return DraftProposal()
         state: HeadState = request.method_state
         hidden = self._catch_up(request, state)
         depth = min(self.config.max_draft_len, budget)
-        if self.config.is_tree and request.params.greedy:
+        if self.config.is_tree and (request.params.greedy or request.noise is not None):
             return self._tree(hidden, state.cache, depth, min(self.config.max_draft_tokens, budget))
         return self._chain(request, hidden, state.cache, depth)
 
@@ -147,7 +146,7 @@ class Eagle3Resources(ResourceManager):
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for step in range(length):
-            token, dist = self._choose(self.head.logits(hidden)[0, -1], request)
+            token, dist = self._choose(self.head.logits(hidden)[0, -1], request, step)
             tokens.append(token)
             if dist is not None:
                 probs.append(dist)
@@ -206,8 +205,9 @@ class Eagle3Resources(ResourceManager):
         out = self.head(embeds, self.head.fuse(features[None]), positions, state.cache)
         return out[:, -1:]
 
-    def _choose(self, draft_logits: torch.Tensor, request: Request) -> tuple[int, torch.Tensor | None]:
-        """Pick a target token from draft-vocabulary logits; sampled picks return their distribution.
+    def _choose(self, draft_logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
+        """Pick the target token for position ``len(request.token_ids) + offset`` from
+        draft-vocabulary logits; sampled picks return their distribution.
 
         A greedy pick is the draft vocabulary's argmax, mapped to its target id. For a sampled
         pick the draft logits are placed at their target ids (``-inf`` elsewhere) and shaped by
@@ -219,4 +219,4 @@ class Eagle3Resources(ResourceManager):
         logits = draft_logits.float().new_full((self.vocab_size,), float("-inf"))
         logits[self.draft_ids] = draft_logits.float()
         dist = logits_to_probs(logits, request.params)
-        return sample(dist, request.generator), dist
+        return request.sample(dist, offset), dist

@@ -70,7 +70,9 @@ def fitted_head(
     num_layers: int = 1,
 ) -> Eagle3Head:
     """A head of ``num_layers`` decoder layers trained on the target's own text to predict the
-    target one token further ahead."""
+    target one token further ahead. It is fitted on the CPU whatever the target's device, so a
+    target on the GPU (``SPECDEC_TEST_DEVICE=cuda``) gets the head its CPU copy gets."""
+    target_model = copy.deepcopy(target_model).cpu()
     fingerprint = tuple(round(float(p.detach().double().sum()), 6) for p in target_model.parameters())
     key = (fingerprint, tuple(layers), record_layers, draft_vocab_size, steps, seed, num_layers)
     if key not in _FITTED:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,7 @@ def _cfg(key, value):
     [
         (_drop("midlayer.hidden_norm.weight"), None, "missing tensor 'midlayer.hidden_norm.weight'"),
         (_drop("d2t"), None, "missing tensor 'd2t'"),
+        (lambda t: [t.pop(n) for n in ("norm.weight", "fc.weight")], None, r"missing tensor 'fc.weight' \(and 1 more\)"),
         (_set("fc.weight", torch.zeros(64, 128)), None, r"tensor 'fc.weight' has shape \[64, 128\] but config.json implies \[64, 192\]"),
         (_set("lm_head.weight", torch.zeros(30, 64)), None, r"'lm_head.weight' has shape \[30, 64\]"),
         (_set("midlayer.self_attn.q_proj.weight", torch.zeros(64, 64)), None, "q_proj.weight' has shape"),
@@ -193,7 +196,7 @@ def test_bad_speculators_checkpoints_fail_clearly(head: Eagle3Head, tmp_path: Pa
         load_head(path)
     path = _broken(head, tmp_path, edit_config=lambda c: c["transformer_layer_config"].update(num_hidden_layers=2),
                    layout="speculators")
-    with pytest.raises(ModelLoadError, match=r"missing tensor 'layers\.1\.input_layernorm\.weight' \(and 8 more\)"):
+    with pytest.raises(ModelLoadError, match=r"num_hidden_layers is 2 but the checkpoint holds tensors of 1 decoder layer \(layers\.0-0\)"):
         load_head(path)
     path = _broken(head, tmp_path, edit_config=lambda c: c["transformer_layer_config"].update(num_hidden_layers=0),
                    layout="speculators")
@@ -223,3 +226,108 @@ def test_eagle1_checkpoint_is_refused(tmp_path: Path) -> None:
     save_file({"fc.weight": torch.zeros(64, 128), "layers.0.self_attn.q_proj.weight": torch.zeros(64, 64)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ModelLoadError, match="an EAGLE-1/2 head, not EAGLE-3"):
         load_head(tmp_path)
+
+
+# -- config.json checked before anything is allocated ---------------------------------------------
+
+
+@pytest.fixture
+def largest_allocation(monkeypatch) -> list[int]:
+    """The most elements any ``torch.empty`` (what ``nn.Linear`` allocates its weight with) has
+    asked for off the meta device since the test began."""
+    largest = [0]
+    empty = torch.empty
+
+    def spy(*args, **kwargs):
+        tensor = empty(*args, **kwargs)
+        if not tensor.is_meta:
+            largest[0] = max(largest[0], tensor.numel())
+        return tensor
+
+    monkeypatch.setattr(torch, "empty", spy)
+    return largest
+
+
+def test_huge_intermediate_size_fails_fast_without_allocating(head, tmp_path, largest_allocation) -> None:
+    """``intermediate_size: 4000000000`` (a 1 TB MLP) is refused at once, naming the field and the
+    tensor whose shape disagrees, and nothing near that size is allocated."""
+    path = _broken(head, tmp_path, edit_config=_cfg("intermediate_size", 4_000_000_000))
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match=r"'midlayer.mlp.gate_proj.weight' has shape \[128, 64\] but config.json "
+                                             r"implies \[4000000000, 64\] \(hidden_size 64, intermediate_size 4000000000\)"):
+        load_head(path)
+    assert time.perf_counter() - start < 2.0
+    assert largest_allocation[0] <= 64 * 192, "load_head allocated a head-sized tensor before refusing the config"
+
+
+def test_head_for_another_target_is_refused_before_allocating(head, tmp_path, largest_allocation) -> None:
+    """Given the target's sizes, a head for another target is refused before its weights exist."""
+    path = save_head(head, tmp_path / "h")
+    with pytest.raises(ModelLoadError, match="fc reads target states of width 64, but the target's hidden_size is 32"):
+        load_head(path, target_hidden_size=32, target_vocab_size=head.config.vocab_size)
+    with pytest.raises(ModelLoadError, match="vocab_size 36 differs from the target's 50 tokens"):
+        load_head(path, target_hidden_size=64, target_vocab_size=50)
+    assert largest_allocation[0] == 0
+    loaded = load_head(path, target_hidden_size=64, target_vocab_size=head.config.vocab_size)
+    _same(head, loaded)
+
+
+def _layer_cfg(key, value):
+    return lambda config: config["transformer_layer_config"].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("edit_config", "layout", "message"),
+    [
+        (_cfg("intermediate_size", 4e9), "safeailab", r"intermediate_size must be a positive integer, got 4000000000\.0"),
+        (_cfg("hidden_size", "64"), "safeailab", "hidden_size must be a positive integer, got '64'"),
+        (_cfg("num_attention_heads", 0), "safeailab", "num_attention_heads must be a positive integer, got 0"),
+        (_cfg("num_key_value_heads", True), "safeailab", "num_key_value_heads must be a positive integer, got True"),
+        (_cfg("head_dim", -16), "safeailab", "head_dim must be a positive integer, got -16"),
+        (_cfg("target_hidden_size", 64.5), "safeailab", r"target_hidden_size must be a positive integer, got 64\.5"),
+        (_cfg("draft_vocab_size", 37), "safeailab", r"draft_vocab_size 37 exceeds the target vocabulary \(vocab_size 36\)"),
+        (_cfg("vocab_size", 1 << 40), "safeailab", f"vocab_size {1 << 40} is not a real vocabulary"),
+        (_cfg("num_key_value_heads", 3), "safeailab", "num_key_value_heads 3 does not divide num_attention_heads 4"),
+        (lambda c: c.update(num_attention_heads=5, num_key_value_heads=5, head_dim=None), "safeailab",
+         r"num_attention_heads 5 does not divide hidden_size 64 \(and no head_dim\)"),
+        (_cfg("rms_norm_eps", "small"), "safeailab", "not a valid Llama config: .*rms_norm_eps"),
+        (_layer_cfg("intermediate_size", 4_000_000_000), "speculators",
+         r"'layers.0.mlp.gate_proj.weight' has shape .* \(hidden_size 64, intermediate_size 4000000000\)"),
+        (_layer_cfg("num_key_value_heads", 0), "speculators",
+         "transformer_layer_config.num_key_value_heads must be a positive integer, got 0"),
+        (_layer_cfg("num_hidden_layers", 1000), "speculators", "num_hidden_layers is 1000 but the checkpoint holds"),
+        (_layer_cfg("head_dim", 4096), "speculators",
+         r"'layers.0.self_attn.q_proj.weight' has shape \[64, 128\] but config.json implies \[16384, 128\] "
+         r"\(hidden_size 64, num_attention_heads 4, num_key_value_heads 2, head_dim 4096\)"),
+    ],
+)
+def test_bad_config_fields_are_named_before_allocating(head, tmp_path, largest_allocation, edit_config, layout, message) -> None:
+    """Each bad size field in config.json is one ModelLoadError naming it, raised quickly and
+    before the head's weights are allocated."""
+    path = _broken(head, tmp_path, edit_config=edit_config, layout=layout)
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load_head(path)
+    assert time.perf_counter() - start < 2.0
+    assert largest_allocation[0] == 0
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("layout", "name", "shown", "value"),
+    [
+        ("safeailab", "midlayer.mlp.down_proj.weight", "midlayer.mlp.down_proj.weight", float("nan")),
+        ("speculators", "midlayer.self_attn.k_proj.weight", "layers.0.self_attn.k_proj.weight", float("inf")),
+        ("safeailab", "norm.weight", "norm.weight", float("-inf")),
+    ],
+)
+def test_non_finite_weights_name_the_tensor(head, tmp_path, layout, name, shown, value) -> None:
+    """A NaN or infinite weight is refused naming the tensor as the checkpoint spells it."""
+    path = save_head(head, tmp_path / "h", layout)
+    file = str(path / "model.safetensors")
+    tensors = load_file(file)
+    stored = name if layout == "safeailab" else name.replace("midlayer.", "layers.0.")
+    tensors[stored].view(-1)[[0, 5]] = value
+    save_file(tensors, file)
+    with pytest.raises(ModelLoadError, match=rf"tensor '{re.escape(shown)}' holds 2 NaN or infinite value\(s\)"):
+        load_head(path)

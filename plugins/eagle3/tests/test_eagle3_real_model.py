@@ -15,7 +15,7 @@ from eagle3_tiny import head_config
 
 from specdec import LLM, SamplingParams
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import default_model_llm, greedy_outputs_alone_and_batched, sampled_distribution_p_value
+from specdec.testing.real_model import default_model_llm, outputs_alone_and_batched, sampled_distribution_p_value
 from specdec_eagle3 import Eagle3Head, save_head
 
 pytestmark = pytest.mark.real_model
@@ -46,21 +46,25 @@ def test_untrained_head_keeps_greedy_output_on_the_default_model(plain: LLM, tmp
         llm.close()
 
 
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.95, seed=0)],
+                         ids=["greedy", "seeded"])
 @pytest.mark.parametrize("tree", [{}, {"eagle_topk": 4, "num_draft_tokens": 12}], ids=["chain", "tree"])
-def test_shipped_head_greedy_is_lossless(plain: LLM, tree: dict) -> None:
-    """Two Spec-Bench prompts, alone and batched: exactly plain greedy output while drafts are
-    accepted."""
+def test_shipped_head_is_lossless(plain: LLM, tree: dict, sampling: SamplingParams) -> None:
+    """Two Spec-Bench prompts, alone and batched: exactly plain decoding's output while drafts
+    are accepted, greedy and sampled with a seed."""
     config = {"method": "eagle3", "num_speculative_tokens": 4, "adaptive_draft_len": False, **tree}
-    expected, alone, batched = greedy_outputs_alone_and_batched(plain, config, ["math", "roleplay"])
+    expected, alone, batched = outputs_alone_and_batched(plain, config, ["math", "roleplay"], sampling=sampling)
     assert [o.token_ids for o in alone] == expected
     assert [o.token_ids for o in batched] == expected
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
 
 
-def test_shipped_head_sampling_follows_target(plain: LLM) -> None:
+@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
+def test_shipped_head_sampling_follows_target(plain: LLM, seeded: bool) -> None:
     """The reply's first three sampled tokens (top-k 2) match the exact joint distribution
-    (chi-square). A chat prompt: the head was trained on chat replies."""
+    (chi-square), seeded (a tree of the target's own draws) and not (a chain, rejection
+    sampling). A chat prompt: the head was trained on chat replies."""
     config = {"method": "eagle3", "num_speculative_tokens": 4, "adaptive_draft_len": False}
-    p_value, accepted = sampled_distribution_p_value(plain, config, "Name the three primary colors.", chat=True)
+    p_value, accepted = sampled_distribution_p_value(plain, config, "Name the three primary colors.", chat=True, seeded=seeded)
     assert accepted > 0
     assert p_value > P_VALUE_FLOOR

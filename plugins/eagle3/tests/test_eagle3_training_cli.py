@@ -13,7 +13,7 @@ import torch
 from eagle3_training_data import save_target, synthesized, tiny_target
 
 from specdec.cli.main import main
-from specdec.models import resolve_dtype
+from specdec.models import resolve_device, resolve_dtype
 from specdec_eagle3 import load_head
 from specdec_eagle3.training.loop import export
 
@@ -56,8 +56,9 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert "held-out: " in result.stderr
     record = json.loads((d / "head" / "training.json").read_text())
     assert record["step"] == 4 and len(record["train_accuracy_per_step"]) == 3 and record["options"]["loss_decay"] == 0.8
-    # Defaults: batches of similar length; bfloat16 mixed precision where this CPU computes it natively.
-    native = resolve_dtype("auto", torch.device("cpu")) == torch.bfloat16
+    # Defaults: batches of similar length; bfloat16 mixed precision where the device the command
+    # picks (CUDA when present) computes it natively.
+    native = resolve_dtype("auto", resolve_device(None)) == torch.bfloat16
     assert record["options"]["group_by_length"] is True and record["options"]["bf16"] is native
     assert ("bfloat16 mixed precision" if native else "float32 precision") in " ".join(result.stderr.split())
     assert record["heldout_step"] == 4 and len(record["heldout_accuracy_per_step"]) == 3 and record["heldout_conversations"] == 4

@@ -51,14 +51,16 @@ def _config(head_dir: Path, **options) -> dict:
 
 
 def _recording(monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
-    """Record every proposal (tokens so far, greedy?, node budget, proposal) and every committed (proposal, result)."""
+    """Record every proposal (tokens so far, kind of request, node budget, proposal) and every
+    committed (proposal, result); the kind is ``greedy``, ``seeded`` or ``unseeded``."""
     proposals, results = [], []
     latest = {}
     propose, commit = Eagle3Resources.propose, Eagle3Resources.commit
 
     def recording_propose(self, request):
         proposal = propose(self, request)
-        proposals.append((list(request.token_ids), request.params.greedy, request.max_draft_len, proposal))
+        kind = "greedy" if request.params.greedy else "seeded" if request.noise is not None else "unseeded"
+        proposals.append((list(request.token_ids), kind, request.max_draft_len, proposal))
         latest[request.request_id] = proposal
         return proposal
 
@@ -192,21 +194,23 @@ def _leaves_first_choices(parents: list[int], path: list[int]) -> bool:
     return any(first_child[parents[node]] != node for node in path)
 
 
-def test_sampled_requests_draft_chains(target, head_dir, expected, monkeypatch) -> None:
-    """With tree options set, a batch mixing greedy and sampled requests drafts trees for the greedy
-    ones and chains with their distributions for the sampled ones (the core verifies trees
-    greedily only); greedy output still equals plain greedy."""
+def test_unseeded_sampled_requests_draft_chains(target, head_dir, expected, monkeypatch) -> None:
+    """With tree options set, a batch mixing greedy, seeded and unseeded sampled requests drafts
+    trees for the greedy and seeded ones (the core keeps the path of the target's own picks) and
+    chains with their distributions for the unseeded ones (rejection sampling verifies chains);
+    greedy output still equals plain greedy."""
     proposals, _ = _recording(monkeypatch)
     greedy = SamplingParams(max_tokens=16, ignore_eos=True)
-    sampled = SamplingParams(temperature=1.0, top_k=3, max_tokens=16, seed=3, ignore_eos=True)
+    unseeded = SamplingParams(temperature=1.0, top_k=3, max_tokens=16, ignore_eos=True)
+    seeded = unseeded.model_copy(update={"seed": 3})
     ids = target.encode(PROMPTS[0])
-    with LLM(target.model, _config(head_dir), tokenizer=target.tokenizer, max_batch_size=2) as llm:
-        outputs = llm.generate([{"prompt_token_ids": ids}] * 2, [greedy, sampled])
+    with LLM(target.model, _config(head_dir), tokenizer=target.tokenizer, max_batch_size=3) as llm:
+        outputs = llm.generate([{"prompt_token_ids": ids}] * 3, [greedy, unseeded, seeded])
     assert outputs[0].token_ids == expected[PROMPTS[0]][:16]
-    sampled_drafts = [p for _, is_greedy, _, p in proposals if not is_greedy and len(p)]
-    greedy_drafts = [p for _, is_greedy, _, p in proposals if is_greedy and len(p)]
-    assert sampled_drafts and all(p.parents is None and p.probs is not None and len(p) <= DEPTH for p in sampled_drafts)
-    assert greedy_drafts and all(p.parents is not None for p in greedy_drafts)
+    drafts = {kind: [p for _, k, _, p in proposals if k == kind and len(p)] for kind in ("greedy", "unseeded", "seeded")}
+    assert drafts["unseeded"] and all(p.parents is None and p.probs is not None and len(p) <= DEPTH for p in drafts["unseeded"])
+    assert drafts["greedy"] and all(p.parents is not None for p in drafts["greedy"])
+    assert drafts["seeded"] and all(p.parents is not None for p in drafts["seeded"])
 
 
 def test_topk_wider_than_the_draft_vocabulary(target, head_dir) -> None:

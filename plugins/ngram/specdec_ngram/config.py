@@ -23,7 +23,15 @@ class NGramDecodingConfig(DraftingConfig):
     prompt_lookup_min: int = Field(default=1, ge=1, description="Shortest suffix matched (vLLM).")
     is_public_pool: bool = Field(
         default=False,
-        description="One pool shared by all requests instead of one per request (kept until the LLM closes).",
+        description="One pool shared by all requests instead of one per request (kept until the LLM closes, bounded by max_cached_requests).",
+    )
+    max_cached_requests: int = Field(
+        default=256,
+        ge=0,
+        description=(
+            "With is_public_pool: the most finished requests whose n-grams the shared pool keeps; the oldest "
+            "are evicted first (vLLM's suffix_decoding_max_cached_requests). Running requests are always kept."
+        ),
     )
     is_keep_all: bool = Field(
         default=True, description="Keep every candidate per key; if false, keep only the largest (longest) one."

@@ -23,11 +23,14 @@ class NGramResources(ResourceManager):
     def __init__(self, config: NGramDecodingConfig) -> None:
         super().__init__()
         self.config = config
-        self.public_pool = self._new_pool() if config.is_public_pool else None
+        self.public_pool = self._new_pool(config.max_cached_requests) if config.is_public_pool else None
 
-    def _new_pool(self) -> NGramPool:
+    def _new_pool(self, max_cached_sequences: int | None = None) -> NGramPool:
         c = self.config
-        return NGramPool(c.prompt_lookup_min, c.max_matching_ngram_size, c.is_keep_all, c.is_use_oldest, c.max_draft_len)
+        return NGramPool(
+            c.prompt_lookup_min, c.max_matching_ngram_size, c.is_keep_all, c.is_use_oldest, c.max_draft_len,
+            max_cached_sequences,
+        )
 
     def pool(self, request: Request) -> NGramPool:
         return self.public_pool if self.public_pool is not None else request.method_state

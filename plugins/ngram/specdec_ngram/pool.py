@@ -5,10 +5,17 @@ occurrence of the current suffix, read from that sequence when drafting, so a ca
 continuation grows as its sequence grows. Each step indexes only the positions added since the
 last step (``len(new tokens) x number of n-gram sizes`` dictionary inserts), never the whole
 context.
+
+A shared pool outlives its requests: a finished (:meth:`NGramPool.forget`) sequence's n-grams
+stay as candidates for later requests, but only the ``max_cached_sequences`` most recently
+finished ones; older ones are evicted with every candidate that refers to them, so the pool's
+memory is bounded by the running sequences plus that many finished ones. Running sequences are
+never evicted.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -26,16 +33,35 @@ class NGramPool:
     use_oldest: bool = True
     #: Continuations longer than this count as this long when candidates compete on size.
     max_draft_len: int = 4
+    #: Finished sequences whose candidates stay after :meth:`forget`, oldest evicted first (None: all).
+    max_cached_sequences: int | None = None
     _table: dict[tuple[int, ...], list[tuple[_Sequence, int]]] = field(default_factory=dict)
     _sequences: dict[int, _Sequence] = field(default_factory=dict)
+    _finished: deque[_Sequence] = field(default_factory=deque)
 
     def __len__(self) -> int:
         return len(self._table)
 
+    @property
+    def num_candidates(self) -> int:
+        """Candidates over all n-grams (what the pool's memory grows with)."""
+        return sum(map(len, self._table.values()))
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences the pool holds candidates of: the running ones and the finished ones kept."""
+        return len(self._sequences) + len(self._finished)
+
     def update(self, key: int, tokens: list[int]) -> None:
-        """Index the positions of sequence ``key`` (``tokens``, kept by reference) not yet seen."""
+        """Index the positions of sequence ``key`` (``tokens``, kept by reference) not yet seen.
+
+        ``tokens`` may only grow between calls: eviction finds a sequence's n-grams again by
+        reading its indexed tokens.
+        """
         seq = self._sequences.get(key)
         if seq is None or seq.tokens is not tokens:
+            if seq is not None:
+                self._finish(seq)
             seq = self._sequences[key] = _Sequence(tokens)
         # An n-gram enters the pool once a token follows it, so the current suffix never
         # matches itself.
@@ -45,8 +71,11 @@ class NGramPool:
         seq.indexed = len(tokens)
 
     def forget(self, key: int) -> None:
-        """Stop indexing sequence ``key``; candidates already in the pool stay."""
-        self._sequences.pop(key, None)
+        """Stop indexing sequence ``key``; its candidates stay until ``max_cached_sequences``
+        later-finished sequences push them out."""
+        seq = self._sequences.pop(key, None)
+        if seq is not None:
+            self._finish(seq)
 
     def propose(self, tokens: list[int], max_len: int) -> list[int]:
         """Draft up to ``max_len`` tokens continuing ``tokens``; the longest matching suffix wins."""
@@ -58,6 +87,27 @@ class NGramPool:
                 seq, start = self._choose(candidates)
                 return seq.tokens[start : start + max_len]
         return []
+
+    def _finish(self, seq: _Sequence) -> None:
+        self._finished.append(seq)
+        while self.max_cached_sequences is not None and len(self._finished) > self.max_cached_sequences:
+            self._evict(self._finished.popleft())
+
+    def _evict(self, seq: _Sequence) -> None:
+        """Drop every candidate of ``seq``, visiting the n-grams it indexed (read from its tokens)."""
+        tokens = seq.tokens
+        ngrams = {
+            tuple(tokens[end - n : end])
+            for end in range(1, seq.indexed)
+            for n in range(self.min_n, min(self.max_n, end) + 1)
+        }
+        for ngram in ngrams:
+            candidates = self._table.get(ngram)
+            if candidates is None:
+                continue
+            candidates[:] = [c for c in candidates if c[0] is not seq]
+            if not candidates:
+                del self._table[ngram]
 
     def _insert(self, ngram: tuple[int, ...], seq: _Sequence, end: int) -> None:
         candidates = self._table.get(ngram)

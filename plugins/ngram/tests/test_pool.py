@@ -1,4 +1,7 @@
-"""The n-gram pool follows TensorRT-LLM's option semantics and indexes incrementally."""
+"""The n-gram pool follows TensorRT-LLM's option semantics, indexes incrementally and stays bounded."""
+
+import gc
+import weakref
 
 import pytest
 
@@ -74,3 +77,60 @@ def test_vllm_and_trtllm_spellings():
 def test_min_above_max_is_refused_naming_the_fields():
     with pytest.raises(ConfigError, match="prompt_lookup_min"):
         parse_speculative_config({"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2})
+
+
+def test_forgotten_sequences_beyond_the_bound_are_evicted():
+    """Only the ``max_cached_sequences`` most recently finished sequences keep candidates; older
+    ones leave the table entirely and nothing references them any more."""
+    pool = NGramPool(1, 2, max_cached_sequences=2)
+    finished = []
+    for key in range(5):
+        tokens = [100 * key + i for i in range(6)]  # no n-gram shared between sequences
+        pool.update(key, tokens)
+        finished.append(weakref.ref(pool._sequences[key]))
+        pool.forget(key)
+        del tokens
+    gc.collect()
+    assert [ref() is None for ref in finished] == [True, True, True, False, False]
+    assert pool.num_sequences == 2
+    # Two sequences of 6 tokens: 5 unigrams and 4 bigrams each.
+    assert pool.num_candidates == len(pool) == 2 * (5 + 4)
+    assert pool.propose([300], 2) == [301, 302]
+    assert pool.propose([100], 2) == []
+
+
+def test_shared_ngrams_keep_the_candidates_of_kept_sequences():
+    """Evicting a sequence removes its candidates only; an n-gram other sequences share stays."""
+    pool = NGramPool(1, 1, max_cached_sequences=1)
+    pool.update(0, [7, 1, 7, 2])
+    pool.forget(0)
+    pool.update(1, [7, 3])
+    pool.forget(1)
+    assert pool.propose([7], 1) == [3]
+    assert pool.num_candidates == 1
+
+
+def test_running_sequences_are_never_evicted():
+    """With no finished sequence kept at all, a running sequence still drafts from its own
+    n-grams while hundreds of others start and finish around it."""
+    pool = NGramPool(1, 3, max_cached_sequences=0)
+    running = [1, 2, 3, 4, 1, 2]
+    pool.update(0, running)
+    for key in range(1, 300):
+        pool.update(key, [1, 2, 9, 9, key % 5])
+        pool.forget(key)
+        running.append(key % 4 + 1)
+        pool.update(0, running)
+        assert pool.num_sequences == 1
+    assert pool.propose([9], 1) == []  # the finished sequences' n-grams are gone
+    assert pool.propose([1, 2], 2) == [3, 4]
+    pool.forget(0)
+    assert pool.num_sequences == 0 and len(pool) == 0
+
+
+def test_max_cached_requests_must_be_a_count():
+    """A negative or non-integer bound is a config error naming the field."""
+    assert parse_speculative_config({"method": "ngram"}).max_cached_requests == 256
+    for value in (-1, "many", 2.5):
+        with pytest.raises(ConfigError, match="max_cached_requests"):
+            parse_speculative_config({"method": "ngram", "is_public_pool": True, "max_cached_requests": value})

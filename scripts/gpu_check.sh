@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The checks a machine with an NVIDIA GPU runs in one go (docs/testing.md):
+#   1. the Triton kernels against the torch path on CUDA tensors (tests/kernels_interpret, compiled);
+#   2. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside;
+#   3. a short `specdec bench` of n-gram and EAGLE-3 on MODEL, a model directory; one without
+#      weights (scripts/random_model.py --no-weights writes one) gets random weights here.
+# Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
+#
+# Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
+#   PYTEST_ARGS replace the suite's paths in step 2 (say, one test file).
+#   PYTHON: the interpreter that holds torch with CUDA (default python3).
+#   GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, the kernels under the Triton interpreter
+#   (a dry run of the script on a machine without a GPU).
+# Wheels in .gpu/wheels (scripts/gpu_wheels.sh) are installed first, for a machine that cannot reach an index.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+WHEELS="${SPECDEC_WHEELS:-.gpu/wheels}"
+LOGS=bench-results/gpu-check
+MODEL=""
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then MODEL="$1"; shift; fi
+[ "${1:-}" = "--" ] && shift
+PYTEST_ARGS=("$@")
+
+# specdec, its plugins and the carried wheels go to a folder of their own on PYTHONPATH: the
+# machine's Python is left as it is, and the plugins' entry points are found there.
+SITE="$(mktemp -d)"
+trap 'rm -rf "$SITE"' EXIT
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" SPECDEC_TEST_DEVICE="$DEVICE" PYTHONUNBUFFERED=1
+mkdir -p "$LOGS"
+failed=()
+
+install() {
+  local wheels=()
+  shopt -s nullglob
+  wheels=("$WHEELS"/*.whl)
+  shopt -u nullglob
+  local projects=(.)
+  for dir in plugins/*/; do projects+=("$dir"); done
+  "$PYTHON" -m pip install --disable-pip-version-check -q --no-index --no-deps --no-build-isolation --no-compile \
+    --target "$SITE" "${wheels[@]}" "${projects[@]}" || return 1
+  "$PYTHON" - "$DEVICE" <<'PY'
+import sys
+from importlib.metadata import version
+
+import torch
+
+device = sys.argv[1]
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA device: run on a GPU machine, or set GPU_CHECK_DEVICE=cpu")
+where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+print(f"specdec {version('specdec')}, torch {torch.__version__}, transformers {version('transformers')}, "
+      f"triton {version('triton')} on {where}")
+PY
+}
+
+# step NAME COMMAND...: run it, its output also in $LOGS/NAME.log; a failure is recorded, not fatal.
+step() {
+  local name="$1"; shift
+  echo "== $name"
+  "$@" 2>&1 | tee "$LOGS/$name.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed+=("$name")
+}
+
+kernels() {
+  if [ "$DEVICE" = cuda ]; then
+    "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels_interpret
+  else
+    TRITON_INTERPRET=1 "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels_interpret
+  fi
+}
+
+# Real-model tests need the default model's GGUF reader; the bench below runs a real-size model.
+suite() {
+  "$PYTHON" -m pytest -q -p no:cacheprovider -m "not real_model" --ignore=tests/kernels_interpret "${PYTEST_ARGS[@]}"
+}
+
+bench() {
+  local model="$MODEL"
+  if ! compgen -G "$model/*.safetensors" >/dev/null && ! compgen -G "$model/*.bin" >/dev/null; then
+    model="$SITE/random-model"
+    "$PYTHON" scripts/random_model.py "$MODEL" "$model" || return 1
+  fi
+  local common=(--model "$model" --device "$DEVICE" --dtype bfloat16 --categories writing,coding,summarization,rag
+                --num-prompts 1 --max-turns 1 --max-tokens 64)
+  local status=0
+  "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method ngram --json "$LOGS/bench-ngram.json" || status=1
+  # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
+  # random_model.py's copy of it do).
+  "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
+    --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
+  return $status
+}
+
+step install install
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "gpu_check: installing failed; nothing else runs"
+  exit 1
+fi
+step kernels kernels
+step suite suite
+if [ -n "$MODEL" ]; then
+  step bench bench
+else
+  echo "== bench skipped: give a model directory (see docs/testing.md)"
+fi
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "gpu_check: failed: ${failed[*]} (logs in $LOGS)"
+  exit 1
+fi
+echo "gpu_check: every step passed (logs in $LOGS)"
