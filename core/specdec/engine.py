@@ -23,7 +23,7 @@ from specdec.draft_budget import DraftBudget, depth
 from specdec.errors import ConfigError, NonFiniteLogitsError, PluginError, QueueFullError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.plugins import PluginRegistry
-from specdec.proposal_checks import checked_proposal
+from specdec.proposal_checks import checked_proposal, described
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import TargetContext
 from specdec.runner import ModelRunner
@@ -446,7 +446,7 @@ class Engine:
             )
             if not isinstance(proposals, (list, tuple)) or len(proposals) != len(rows):
                 raise PluginError(
-                    f"method {self.method.name!r}: specdec_prepare_draft_tokens returned {_described(proposals)}; "
+                    f"method {self.method.name!r}: specdec_prepare_draft_tokens returned {described(proposals)}; "
                     f"expected a list of {len(rows)} DraftProposal, one per request"
                 )
             return proposals
@@ -480,7 +480,7 @@ class Engine:
             )
             if not isinstance(results, (list, tuple)) or len(results) != len(rows) or not all(isinstance(r, VerifyResult) for r in results):
                 raise PluginError(
-                    f"method {self.method.name!r}: specdec_verify returned {_described(results)}; "
+                    f"method {self.method.name!r}: specdec_verify returned {described(results)}; "
                     f"expected a list of {len(rows)} VerifyResult, one per request"
                 )
             return results
@@ -529,12 +529,6 @@ class Engine:
         if request.noise is not None:
             request.noise.forget_before(len(request.token_ids))
         request.metrics.num_output_tokens = request.num_output_tokens
-
-
-def _described(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _valid(result: VerifyResult, proposal: DraftProposal, vocab: int) -> bool:

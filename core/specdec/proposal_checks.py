@@ -25,7 +25,7 @@ def checked_proposal(proposal: Any, method: str, vocab_size: int, budget: int) -
     """``proposal`` cut to ``budget`` drafts, its token ids and parents as Python ints; raises
     :class:`PluginError` when it is not a valid :class:`DraftProposal` for a ``vocab_size`` target."""
     if not isinstance(proposal, DraftProposal):
-        raise PluginError(f"method {method!r} proposed {_kind(proposal)} for a request; expected a DraftProposal")
+        raise PluginError(f"method {method!r} proposed {described(proposal)} for a request; expected a DraftProposal")
     token_ids = _integers(proposal.token_ids, method, "token_ids")
     parents = None if proposal.parents is None else _integers(proposal.parents, method, "parents")
     if not all(0 <= t < vocab_size for t in token_ids):
@@ -41,7 +41,10 @@ def checked_proposal(proposal: Any, method: str, vocab_size: int, budget: int) -
     return proposal
 
 
-def _kind(value: Any) -> str:
+def described(value: Any) -> str:
+    """What a plugin returned, for an error message: ``None``, ``a str``, ``a list of 3``..."""
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
     return "None" if value is None else f"a {type(value).__name__}"
 
 
@@ -53,7 +56,7 @@ def _integers(values: Any, method: str, field: str) -> list[int]:
             raise PluginError(f"method {method!r}: {expected}, got a {values.dim()}-D {values.dtype} tensor")
         return [int(v) for v in values.tolist()]
     if not isinstance(values, (list, tuple)):
-        raise PluginError(f"method {method!r}: {expected}, got {_kind(values)}")
+        raise PluginError(f"method {method!r}: {expected}, got {described(values)}")
     for value in values:
         if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point() and value.dtype != torch.bool:
             continue
@@ -67,7 +70,7 @@ def _check_probs(proposal: DraftProposal, method: str, vocab_size: int) -> None:
     probs, n = proposal.probs, len(proposal)
     prefix = f"method {method!r}: DraftProposal.probs"
     if not isinstance(probs, torch.Tensor) or not probs.is_floating_point():
-        raise PluginError(f"{prefix}: expected a float tensor, got {_kind(probs)}")
+        raise PluginError(f"{prefix}: expected a float tensor, got {described(probs)}")
     if probs.dim() != 2 or probs.shape[0] != n or probs.shape[1] != vocab_size:
         raise PluginError(f"{prefix}: expected shape [{n}, {vocab_size}] for {n} drafts, got {list(probs.shape)}")
     if not n:

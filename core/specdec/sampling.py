@@ -127,10 +127,6 @@ class PositionNoise:
             self._noise[position] = noise
         return noise
 
-    def window(self, start: int, count: int, device: torch.device) -> torch.Tensor:
-        """``[count, vocab]``: the noise of positions ``start .. start + count - 1`` on ``device``."""
-        return torch.stack([self.at(start + i) for i in range(count)]).to(device)
-
     def forget_before(self, position: int) -> None:
         """Drop the noise of positions before ``position`` (they are committed)."""
         for old in [p for p in self._noise if p < position]:

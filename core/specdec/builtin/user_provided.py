@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 from specdec.config import SpeculativeConfig
 from specdec.errors import PluginError
 from specdec.hookspecs import hookimpl
+from specdec.proposal_checks import described
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.resources import ResourceManager, TargetContext
 
@@ -70,8 +71,7 @@ def specdec_prepare_draft_tokens(
     proposals = config.drafter.prepare_draft_tokens(requests, resource_manager)
     expected = f"expected a list of {len(requests)} proposals (DraftProposal or a list of token ids), one per request"
     if not isinstance(proposals, (list, tuple)):
-        got = "None" if proposals is None else f"a {type(proposals).__name__}"
-        raise PluginError(f"user drafter returned {got}; {expected}")
+        raise PluginError(f"user drafter returned {described(proposals)}; {expected}")
     if len(proposals) != len(requests):
         raise PluginError(f"user drafter returned {len(proposals)} proposals for {len(requests)} requests; {expected}")
     return [_as_proposal(p) for p in proposals]
