@@ -3,7 +3,9 @@ the KV cache cannot hold is refused when it loads.
 
 The sliding-window models (Gemma 2, Gemma 3, Mistral with ``sliding_window``, gpt-oss) have a
 window of 4 tokens: every prompt and output crosses it, and so does a verify step's chain of
-drafts. EAGLE-3 on them is tested with the plugin (``plugins/eagle3/tests``).
+drafts. They and DeepSeek-V3 (multi-head latent attention, whose cached keys and values differ in
+size; dense and mixture-of-experts layers) are also tested with draft/target and draft trees.
+EAGLE-3 on them is tested with the plugin (``plugins/eagle3/tests``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from specdec.testing.tiny import TinyTarget
 
 PROMPTS = ("hello world, hello", "abc", "one two three, one two three, one")
 NEW_TOKENS = 30
+#: Architectures tested with draft/target and with draft trees as well.
+DRAFTED = (*SLIDING_WINDOW, "deepseek_v3")
 
 
 @functools.cache
@@ -54,7 +58,7 @@ def _ngram() -> dict:
 
 @pytest.mark.parametrize("name", FULL_ATTENTION)
 def test_full_attention_architectures_decode_as_transformers(name: str, device: torch.device) -> None:
-    """Plain and n-gram decoding of the architectures supported before sliding windows."""
+    """Plain and n-gram decoding of the architectures whose layers all attend to the whole context."""
     _assert_decodes_as_transformers(name, device, None)
     _assert_decodes_as_transformers(name, device, _ngram())
 
@@ -72,10 +76,10 @@ def test_sliding_window_ngram_drafts_past_the_window(name: str, device: torch.de
 
 @pytest.fixture(scope="module")
 def draft_dirs(tmp_path_factory: pytest.TempPathFactory, device: torch.device) -> dict[str, Path]:
-    """Per sliding-window architecture, a draft model saved as a directory: the target with noise
-    on its output layer, so it agrees with the target often but not always."""
+    """Per architecture of :data:`DRAFTED`, a draft model saved as a directory: the target with
+    noise on its output layer, so it agrees with the target often but not always."""
     dirs = {}
-    for name in SLIDING_WINDOW:
+    for name in DRAFTED:
         target, _, _ = _case(name, device)
         draft = copy.deepcopy(target.model)
         torch.manual_seed(1)
@@ -88,20 +92,21 @@ def draft_dirs(tmp_path_factory: pytest.TempPathFactory, device: torch.device) -
     return dirs
 
 
-@pytest.mark.parametrize("name", SLIDING_WINDOW)
-def test_sliding_window_draft_target(name: str, device: torch.device, draft_dirs: dict[str, Path]) -> None:
-    """A draft of the same architecture: both models' caches hold sliding layers and roll back."""
+@pytest.mark.parametrize("name", DRAFTED)
+def test_draft_target_of_the_same_architecture(name: str, device: torch.device, draft_dirs: dict[str, Path]) -> None:
+    """A draft of the same architecture: both models' caches hold its layers and roll back."""
     config = {"method": "draft_target", "speculative_model": str(draft_dirs[name]), "max_draft_len": 5, "adaptive_draft_len": False}
     assert _assert_decodes_as_transformers(name, device, config) > 0
 
 
-@pytest.mark.parametrize("name", SLIDING_WINDOW)
-def test_sliding_window_batched_tree_and_chain_rows_equal_a_forward_without_cache(name: str, device: torch.device) -> None:
-    """A batch of a draft tree deeper than the window and a chain longer than it, over cached
-    prompts longer than it: every tree node's logits are those of transformers' own forward over
-    the node's path, without a cache (its own sliding-window masks). After compacting the tree's
-    accepted path and rolling back, the next forward still is. The tree alone, through
-    :meth:`ModelRunner.forward` with :func:`tree_attention`'s mask, gets the same logits."""
+@pytest.mark.parametrize("name", DRAFTED)
+def test_batched_tree_and_chain_rows_equal_a_forward_without_cache(name: str, device: torch.device) -> None:
+    """A batch of a draft tree deeper than the window (of the sliding models) and a chain longer
+    than it, over cached prompts longer than it: every tree node's logits are those of
+    transformers' own forward over the node's path, without a cache (its own masks). After
+    compacting the tree's accepted path and rolling back, the next forward still is. The tree
+    alone, through :meth:`ModelRunner.forward` with :func:`tree_attention`'s mask, gets the same
+    logits."""
     target, _, _ = _case(name, device)
     runner = ModelRunner(target.model)
     prompts = [list(range(3, 15)), list(range(10, 19))]
@@ -150,3 +155,16 @@ def test_a_layer_type_the_cache_cannot_hold_is_refused_at_load() -> None:
     with pytest.raises(ModelLoadError, match="chunked_attention") as refused:
         LLM(model, None, tokenizer=None)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("config", [
+    transformers.RwkvConfig(hidden_size=32, num_hidden_layers=2, attention_hidden_size=32, intermediate_size=64, vocab_size=40),
+    transformers.xLSTMConfig(hidden_size=32, num_blocks=2, num_heads=4, vocab_size=40),
+], ids=["rwkv", "xlstm"])
+def test_a_model_with_a_recurrent_state_is_refused_at_load(config: transformers.PretrainedConfig) -> None:
+    """RWKV and xLSTM keep a recurrent state, not a KV cache, and name no layer types: refused by
+    transformers' ``_is_stateful`` mark (RWKV would otherwise decode wrongly, xLSTM fail mid-decoding)."""
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ModelLoadError, match="recurrent state") as refused:
+        LLM(model, None, tokenizer=None)
+    assert config.model_type in str(refused.value) and "\n" not in str(refused.value)

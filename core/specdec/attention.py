@@ -42,9 +42,15 @@ def packed_gqa_attention(
     attention_mask: torch.Tensor | None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function contract: ``query`` ``[batch, heads, q, dim]``, ``key`` and
-    ``value`` ``[batch, kv_heads, kv, dim]``; returns the output as ``[batch, q, heads, dim]``."""
-    groups = getattr(module, "num_key_value_groups", 1)
+    """transformers' attention-function contract: ``query`` ``[batch, heads, q, dim]``, ``key``
+    ``[batch, kv_heads, kv, dim]`` and ``value`` ``[batch, kv_heads, kv, value_dim]``; returns the
+    output as ``[batch, q, heads, value_dim]``.
+
+    The grouping is read from the shapes, not from the module's ``num_key_value_groups``:
+    DeepSeek-V3's attention expands its cached latent to one key/value head per query head
+    whatever its config's ``num_key_value_heads`` says.
+    """
+    groups = query.shape[1] // key.shape[1]
     length = query.shape[2]
     plain = (
         groups == 1
@@ -72,10 +78,10 @@ def grouped_query_attention(
     """``scaled_dot_product_attention`` for grouped queries, reading each key/value head once.
 
     :param query: ``[batch, heads, q, dim]``; ``heads`` is a multiple of ``kv_heads``.
-    :param key: ``[batch, kv_heads, kv, dim]``, like ``value``.
+    :param key: ``[batch, kv_heads, kv, dim]``; ``value`` is ``[batch, kv_heads, kv, value_dim]``.
     :param mask: ``None`` (every query sees every key), or a boolean (True = attend) or additive
         mask broadcastable to ``[batch, heads, q, kv]``.
-    :return: ``[batch, heads, q, dim]``, as ``scaled_dot_product_attention`` over keys and values
+    :return: ``[batch, heads, q, value_dim]``, as ``scaled_dot_product_attention`` over keys and values
         repeated per head gives, to floating-point summation order.
     """
     kv_heads = key.shape[1]
@@ -91,7 +97,7 @@ def _attend_folded(
     kv_heads = key.shape[1]
     query = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=folded, scale=scale)
-    return out.reshape(batch, heads, length, dim)
+    return out.reshape(batch, heads, length, value.shape[-1])
 
 
 def _fold_mask(mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ Capacity never doubles past the model's context (:meth:`BatchKVCache.capacity_fo
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from specdec.errors import ModelLoadError
@@ -74,8 +74,25 @@ def check_supported(config: PretrainedConfig) -> None:
         )
 
 
+def check_model_supported(model: PreTrainedModel) -> None:
+    """:func:`check_supported`, and refuse a model that keeps a recurrent state in place of a KV
+    cache: transformers marks those ``_is_stateful``, and some (RWKV, xLSTM) name no layer types
+    to refuse them by, so they would decode wrongly or fail mid-decoding."""
+    check_supported(model.config)
+    if getattr(model, "_is_stateful", False):
+        raise ModelLoadError(
+            f"{getattr(model.config, 'model_type', 'this model')}: specdec's KV cache does not support models with a "
+            f"recurrent state yet ({type(model).__name__} keeps one in place of a key/value cache)"
+        )
+
+
 class GrowableLayer(DynamicLayer):
-    """One attention layer's keys and values, ``[rows, heads, capacity, head_dim]``."""
+    """One attention layer's keys and values, ``[rows, heads, capacity, head_dim]`` each.
+
+    Keys and values may differ in heads and head size: DeepSeek-V3's multi-head latent attention
+    caches its compressed latent (``kv_lora_rank`` wide) as the keys and the shared rotary key
+    (``qk_rope_head_dim`` wide) as the values, one head each.
+    """
 
     def __init__(self, cache: BatchKVCache) -> None:
         super().__init__()
@@ -90,7 +107,7 @@ class GrowableLayer(DynamicLayer):
         width = key_states.shape[-2]
         end = max(starts) + width
         if self._key_buf is None or end > self._key_buf.shape[-2]:
-            self._grow(key_states, self.cache.capacity_for(end, width))
+            self._grow(key_states, value_states, self.cache.capacity_for(end, width))
         first = starts[0]
         if all(s == first for s in starts):
             self._key_buf[..., first : first + width, :] = key_states
@@ -104,18 +121,20 @@ class GrowableLayer(DynamicLayer):
         self.values = self._value_buf[..., :end, :]
         return self.keys, self.values
 
-    def _grow(self, like: torch.Tensor, capacity: int) -> None:
-        def bigger(old: torch.Tensor | None) -> torch.Tensor:
-            shape = (self.cache.num_rows, like.shape[1], capacity, like.shape[-1])
-            # Zeros, not empty: masked positions still enter the attention product, and
-            # uninitialised memory may hold NaN, which a mask cannot cancel.
-            buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
-            if old is not None:
-                buf[..., : old.shape[-2], :] = old
-            return buf
+    def _grow(self, keys_like: torch.Tensor, values_like: torch.Tensor, capacity: int) -> None:
+        """Reallocate both buffers with room for ``capacity`` entries, each shaped like its own
+        tensor (keys and values may differ in heads and head size)."""
+        self._key_buf = self._bigger(self._key_buf, keys_like, capacity)
+        self._value_buf = self._bigger(self._value_buf, values_like, capacity)
 
-        self._key_buf = bigger(self._key_buf)
-        self._value_buf = bigger(self._value_buf)
+    def _bigger(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        shape = (self.cache.num_rows, like.shape[1], capacity, like.shape[-1])
+        # Zeros, not empty: masked positions still enter the attention product, and
+        # uninitialised memory may hold NaN, which a mask cannot cancel.
+        buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        if old is not None:
+            buf[..., : old.shape[-2], :] = old
+        return buf
 
     def get_seq_length(self) -> int:
         return max(self.cache.lengths, default=0)
@@ -131,13 +150,14 @@ class GrowableLayer(DynamicLayer):
         Any side may not have run a forward yet (no buffers): its rows start empty.
         """
         layers = [self, *others]
-        like = next((layer._key_buf for layer in layers if layer._key_buf is not None), None)
-        if like is None:
+        filled = next((layer for layer in layers if layer._key_buf is not None), None)
+        if filled is None:
             return
         counts = [num_mine, *num_theirs]
         capacity = max(layer._key_buf.shape[-2] for layer in layers if layer._key_buf is not None)
 
         def joined(pick: str) -> torch.Tensor:
+            like = getattr(filled, pick)
             shape = (sum(counts), like.shape[1], capacity, like.shape[-1])
             buf = torch.zeros(shape, dtype=like.dtype, device=like.device)
             start = 0
@@ -150,7 +170,7 @@ class GrowableLayer(DynamicLayer):
 
         self._key_buf = joined("_key_buf")
         self._value_buf = joined("_value_buf")
-        self.dtype, self.device, self.is_initialized = like.dtype, like.device, True
+        self.dtype, self.device, self.is_initialized = filled._key_buf.dtype, filled._key_buf.device, True
 
     def replace_row(self, row: int, other: GrowableLayer, length: int) -> None:
         """Write the first ``length`` entries of ``other``'s single row over row ``row``.
@@ -161,7 +181,7 @@ class GrowableLayer(DynamicLayer):
         if other._key_buf is None or length == 0:
             return
         if self._key_buf is None or length > self._key_buf.shape[-2]:
-            self._grow(other._key_buf, self.cache.capacity_for(length, 0))
+            self._grow(other._key_buf, other._value_buf, self.cache.capacity_for(length, 0))
         self._key_buf[row, :, :length] = other._key_buf[0, :, :length]
         self._value_buf[row, :, :length] = other._value_buf[0, :, :length]
 

@@ -37,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.attention import use_packed_attention
 from specdec.kv_cache import (
-    BatchKVCache, attention_layer_types, check_supported, context_length, new_kv_cache, sliding_window,
+    BatchKVCache, attention_layer_types, check_model_supported, context_length, new_kv_cache, sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
 
@@ -59,7 +59,7 @@ def cache_keyword(model: PreTrainedModel) -> str:
 
 class ModelRunner:
     def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
-        check_supported(model.config)
+        check_model_supported(model)
         self.model = model.eval()
         use_packed_attention(model)
         #: How many of the model's linear layers multiply by prepacked weights.

@@ -3,7 +3,9 @@
 Each is two layers of width 32, fp32, built in-process. The sliding-window architectures get a
 window of ``window`` tokens, small enough that prompts, outputs and a verify step's drafts cross
 it; Gemma 2 and 3 and gpt-oss alternate sliding and full-attention layers, Mistral slides in
-every layer.
+every layer. DeepSeek-V3 has a dense layer then a mixture-of-experts one, and multi-head latent
+attention whose keys (12 wide) and values (8 wide) differ in head size, as do the latents its
+cache holds (16 and 4).
 """
 
 from __future__ import annotations
@@ -16,12 +18,21 @@ import transformers
 from specdec.testing.tiny import TinyTarget, tiny_tokenizer
 
 #: Architectures whose layers all attend to the whole context.
-FULL_ATTENTION = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gpt2", "gpt_neox", "olmo2", "granite")
+FULL_ATTENTION = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gpt2", "gpt_neox", "olmo2", "granite", "deepseek_v3",
+                  "deepseek_v3_yarn")
 #: Architectures with sliding-window attention layers.
 SLIDING_WINDOW = ("gemma2", "gemma3", "mistral_sliding", "gpt_oss")
 
 _SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 _ALTERNATING = ["sliding_attention", "full_attention"]
+#: Multi-head latent attention with key head size 8 + 4 and value head size 8, one key/value head
+#: per query head (the class's default ``num_key_value_heads`` is DeepSeek-V3's 128); layer 0
+#: dense, layer 1 four routed experts (two per token, in one group) and a shared one.
+_DEEPSEEK_V3 = dict(
+    num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+    first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+    moe_intermediate_size=16,
+)
 
 
 def _config(name: str, window: int) -> Any:
@@ -38,6 +49,11 @@ def _config(name: str, window: int) -> Any:
         "gpt_neox": (transformers.GPTNeoXConfig, {}),
         "olmo2": (transformers.Olmo2Config, {}),
         "granite": (transformers.GraniteConfig, {}),
+        "deepseek_v3": (transformers.DeepseekV3Config, _DEEPSEEK_V3),
+        # DeepSeek-V3's own RoPE: YaRN, 4x past 64 positions, with its attention-scale correction.
+        "deepseek_v3_yarn": (transformers.DeepseekV3Config, {**_DEEPSEEK_V3, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}, "max_position_embeddings": 256}),
         "gemma2": (transformers.Gemma2Config, sliding),
         "gemma3": (transformers.Gemma3TextConfig, sliding),
         "mistral_sliding": (transformers.MistralConfig, {"sliding_window": window}),
@@ -46,7 +62,7 @@ def _config(name: str, window: int) -> Any:
                                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     }
     config_class, fields = classes_and_fields[name]
-    return config_class(**_SIZES, **fields)
+    return config_class(**{**_SIZES, **fields})
 
 
 def make_tiny_model(

@@ -15,7 +15,7 @@ drafts (catch-up). Drafting then extends the cache with the head's own output as
 (EAGLE's chained step) and rolls those positions back afterwards, so the cache again holds only
 true pairs. Rolling back is cropping the cache's length.
 
-With ``eagle_topk > 1`` greedy and seeded requests draft an EAGLE-2 tree (:mod:`specdec_eagle3.tree`): each
+With ``eagle_topk > 1`` greedy and seeded requests draft an EAGLE-2 tree (:class:`specdec.trees.TreeCandidates`): each
 depth runs one head forward over the whole frontier, every node attending to the committed cache,
 its ancestors' draft slots and itself; the draft slots are rolled back the same way. The target
 verifies the tree and keeps one root-down path, and ``accept`` takes the true features of exactly
@@ -48,7 +48,8 @@ from specdec_eagle3.config import Eagle3DecodingConfig
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models import is_default_model
 from specdec_eagle3.head import HeadCache
-from specdec_eagle3.tree import TreeCandidates, frontier_mask
+from specdec.trees import TreeCandidates
+from specdec_eagle3.tree import frontier_mask
 
 
 #: The head trained for the default target by ``specdec train eagle3`` (see docs/eagle3.md).

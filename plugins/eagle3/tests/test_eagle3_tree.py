@@ -16,7 +16,8 @@ from specdec.errors import ConfigError
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import save_head
 from specdec_eagle3.drafter import Eagle3Resources
-from specdec_eagle3.tree import TreeCandidates, frontier_mask
+from specdec.trees import TreeCandidates
+from specdec_eagle3.tree import frontier_mask
 
 PROMPTS = ("the cat sat on the mat. the cat", "hello world, hello", "one two three, one two", "abc abd abe ab")
 DEPTH, TOPK, NODES = 3, 3, 8

@@ -1,0 +1,135 @@
+"""Drafting with Medusa heads: a static tree for greedy and seeded requests, a sampled chain otherwise.
+
+Every head reads one vector per request: the target's final normed hidden state at the row
+that predicted the request's last committed token. The target's own forwards provide it at no
+extra cost (the runner captures hidden states): the prefill's last row at ``add_request``, and at
+``accept`` the row of the last accepted draft (row 0, the previous last token, when none was
+accepted). Heads ``0..depth-1`` then run once for the whole batch.
+
+- Greedy and seeded requests (and every request under typical acceptance) get the tree of
+  ``medusa_choices``: the node at path ``(i_1, ..., i_d)`` is head ``d``'s top-``i_d`` token.
+  It is cut to the step's node budget by keeping its first nodes (parents come first). The core
+  verifies it against the target's own picks, so the output is exactly plain decoding's.
+- Sampled requests without a seed get a chain of ``min(depth, budget)`` tokens: draft ``k`` is
+  drawn from head ``k``'s distribution shaped by the request's own temperature / top-k / top-p,
+  and that distribution goes with it. Head ``k``'s distribution does not depend on the drafts
+  before it, so each draft really is drawn from the ``q`` it carries, and the core's rejection
+  sampling keeps the output distributed as the target's. The core verifies trees only against a
+  pick, which an unseeded request does not have; a chain is the lossless choice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from specdec import (
+    ConfigError,
+    DraftProposal,
+    Request,
+    ResourceManager,
+    TargetContext,
+    VerifyResult,
+    logits_to_probs,
+    prepack_linears,
+)
+from specdec.trees import parents_of_paths
+from specdec_medusa.checkpoint import load_heads
+from specdec_medusa.config import MedusaDecodingConfig
+
+logger = logging.getLogger(__name__)
+
+
+class MedusaResources(ResourceManager):
+    """The loaded heads, the draft tree, and each request's head input in ``request.method_state``."""
+
+    def __init__(self, config: MedusaDecodingConfig, target: TargetContext) -> None:
+        super().__init__()
+        if not config.speculative_model:
+            raise ConfigError("speculative_model: required, the directory of the Medusa heads")
+        model_config = target.model.config
+        heads = load_heads(config.speculative_model, int(model_config.hidden_size), target.vocab_size, config.num_medusa_heads)
+        self.tree = _fit_tree(config, heads.num_heads)
+        self.parents = parents_of_paths(self.tree)
+        self.depth = max(len(node) for node in self.tree)
+        #: How many top tokens each depth's tree nodes choose from.
+        self.topk = [1 + max(node[-1] for node in self.tree if len(node) == d) for d in range(1, self.depth + 1)]
+        if max(self.topk) > heads.lm_heads[0].out_features:
+            raise ConfigError(f"medusa_choices: a top-{max(self.topk) - 1} index exceeds the heads' vocabulary")
+        self.config = config
+        self.heads = heads.to(target.device, target.dtype)
+        prepack_linears(self.heads)
+        self.vocab_size = target.vocab_size
+        self.runner = target.runner
+        self.runner.capture_hidden_states = True
+        if not config.lossless:
+            logger.warning(
+                "Medusa typical acceptance is on: sampled outputs are NOT distributed as the target's "
+                "(posterior_threshold=%s, posterior_alpha=%s)", config.posterior_threshold, config.posterior_alpha,
+            )
+
+    def add_request(self, request: Request) -> None:
+        request.method_state = request.target_output.hidden_states[-1][-1]
+
+    def free_request(self, request: Request) -> None:
+        request.method_state = None
+
+    def release(self) -> None:
+        self.runner.capture_hidden_states = False
+        self.heads = self.runner = None
+        super().release()
+
+    def commit(self, request: Request, result: VerifyResult) -> None:
+        """Keep the final hidden state of the row that predicted the new last token."""
+        if request.finished:
+            return
+        path = result.path()
+        row = 1 + path[-1] if path else 0
+        request.method_state = request.target_output.hidden_states[-1][row]
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request]) -> list[DraftProposal]:
+        """One proposal per request within its budget of ``request.max_draft_len`` nodes; the
+        heads run once over every drafting request's own hidden state."""
+        proposals = [DraftProposal() for _ in requests]
+        drafting = [i for i, r in enumerate(requests) if r.max_draft_len > 0]
+        if not drafting:
+            return proposals
+        hidden = torch.stack([requests[i].method_state for i in drafting])
+        logits = self.heads(hidden)[: self.depth]  # [depth, B, head_vocab]
+        for row, i in enumerate(drafting):
+            request = requests[i]
+            if self._drafts_tree(request):
+                proposals[i] = self._tree(logits[:, row], request.max_draft_len)
+            else:
+                proposals[i] = self._chain(logits[:, row], request)
+        return proposals
+
+    def _drafts_tree(self, request: Request) -> bool:
+        return request.params.greedy or request.noise is not None or not self.config.lossless
+
+    def _tree(self, logits: torch.Tensor, budget: int) -> DraftProposal:
+        """The tree's first ``budget`` nodes, each its depth's head's top-``i`` token."""
+        top = [self.heads.target_ids(logits[d].topk(k).indices).tolist() for d, k in enumerate(self.topk)]
+        nodes = self.tree[:budget]
+        return DraftProposal([top[len(node) - 1][node[-1]] for node in nodes], parents=self.parents[: len(nodes)])
+
+    def _chain(self, logits: torch.Tensor, request: Request) -> DraftProposal:
+        """Draft ``k`` drawn from head ``k``'s distribution, shaped by the request's params."""
+        length = min(self.depth, request.max_draft_len)
+        probs = logits_to_probs(self.heads.full_logits(logits[:length], self.vocab_size), request.params)
+        tokens = [request.sample(probs[k], offset=k) for k in range(length)]
+        return DraftProposal(tokens, probs)
+
+
+def _fit_tree(config: MedusaDecodingConfig, num_heads: int) -> list[tuple[int, ...]]:
+    """The configured tree, cut to the heads loaded; a tree the user gave must fit them whole."""
+    tree = config.tree()
+    deepest = max(len(node) for node in tree)
+    if deepest > num_heads and config.medusa_choices is not None:
+        raise ConfigError(
+            f"medusa_choices: paths {deepest} deep need {deepest} heads, the checkpoint provides {num_heads}; "
+            f"shorten the paths or set max_draft_len to {num_heads}"
+        )
+    return [node for node in tree if len(node) <= num_heads]

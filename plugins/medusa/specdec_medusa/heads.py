@@ -1,0 +1,60 @@
+"""Medusa heads: per head, residual SiLU blocks over the target's last hidden state, then a vocabulary projection.
+
+Head ``k`` (0-based) reads the final normed hidden state at the position that predicted the
+last committed token and predicts the token ``k + 1`` places after that one, i.e. the draft at
+depth ``k + 1`` of the tree.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class ResidualBlock(nn.Module):
+    """``x + SiLU(W x + b)``, the block both published layouts stack ``num_layers`` deep."""
+
+    def __init__(self, hidden_size: int, bias: bool = True) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """``num_heads`` heads of ``num_layers`` residual blocks each and a bias-free projection
+    onto ``head_vocab_size`` tokens; ``token_map`` (vLLM's truncated vocabulary) maps a head's
+    token index to the target's id, ``None`` when the heads cover the whole vocabulary."""
+
+    def __init__(
+        self, num_heads: int, num_layers: int, hidden_size: int, head_vocab_size: int, bias: bool = True,
+        token_map: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(*(ResidualBlock(hidden_size, bias) for _ in range(num_layers))) for _ in range(num_heads)
+        )
+        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, head_vocab_size, bias=False) for _ in range(num_heads))
+        self.register_buffer("token_map", token_map, persistent=False)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Head logits ``[num_heads, N, head_vocab_size]`` (float32) for hidden states ``[N, hidden]``."""
+        return torch.stack([lm_head(block(hidden)).float() for block, lm_head in zip(self.blocks, self.lm_heads)])
+
+    def target_ids(self, head_ids: torch.Tensor) -> torch.Tensor:
+        """The target's token ids for head vocabulary indices."""
+        return head_ids if self.token_map is None else self.token_map[head_ids]
+
+    def full_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Head logits placed at their target ids, ``-inf`` elsewhere: ``[..., vocab_size]``."""
+        if self.token_map is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+        full[..., self.token_map] = logits
+        return full

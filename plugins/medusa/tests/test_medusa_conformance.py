@@ -1,0 +1,27 @@
+"""Medusa passes the conformance suite with heads loaded from each published layout.
+
+The heads are fitted to the suite's tiny target (see ``medusa_tiny``), so drafts are accepted
+often but not always. Greedy and seeded requests verify trees; unseeded sampled requests verify
+chains by rejection sampling, which the suite's chi-square test checks.
+"""
+
+import torch
+from medusa_tiny import fitted_heads, save_fasterdecoding, save_vllm
+
+from specdec.testing.conformance import MethodConformance
+from specdec_medusa import MedusaDecodingConfig
+
+
+class TestMedusaFasterDecodingConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        directory = save_fasterdecoding(fitted_heads(target.model), tmp_path / "heads", weights_format="pt")
+        return MedusaDecodingConfig(speculative_model=str(directory), medusa_choices=[[0, 0, 0], [0, 1], [1, 0], [2]])
+
+
+class TestMedusaVllmConformance(MethodConformance):
+    """vLLM's dict and layout, a truncated head vocabulary and the default tree (mc_sim_7b_63 cut to 3 heads)."""
+
+    def make_config(self, target, tmp_path):
+        token_map = torch.arange(target.model.config.vocab_size)[3:]
+        directory = save_vllm(fitted_heads(target.model), tmp_path / "heads", token_map=token_map)
+        return {"method": "medusa", "model": str(directory)}

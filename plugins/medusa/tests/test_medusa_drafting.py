@@ -1,0 +1,101 @@
+"""Drafts come from the heads at the right hidden state: each node is its depth's head's top-i
+token at the target's final state for the last committed token; budgets cut the tree to its
+first nodes; unseeded sampled requests get a chain with its distributions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from medusa_tiny import fitted_heads, save_vllm
+
+from specdec import LLM, SamplingParams
+from specdec.testing import make_tiny_target
+from specdec_medusa.drafter import MedusaResources
+
+CHOICES = [[0, 0, 0], [0, 1], [1, 0], [2]]
+TREE = [(0,), (0, 0), (0, 0, 0), (0, 1), (1,), (1, 0), (2,)]
+PROMPTS = ("the cat sat on the mat. the cat", "hello world, hello", "abc abd abe ab")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_target(seed=0)
+
+
+@pytest.fixture(scope="module")
+def heads_dir(target, tmp_path_factory) -> Path:
+    return save_vllm(fitted_heads(target.model), tmp_path_factory.mktemp("heads"))
+
+
+def _recording(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every request with a budget as (tokens so far, budget, greedy/seeded/unseeded, proposal)."""
+    seen = []
+    propose = MedusaResources.propose
+
+    def recording(self, requests):
+        proposals = propose(self, requests)
+        for request, proposal in zip(requests, proposals):
+            if request.max_draft_len == 0:
+                assert len(proposal) == 0
+                continue
+            kind = "greedy" if request.params.greedy else "seeded" if request.noise is not None else "unseeded"
+            seen.append((list(request.token_ids), request.max_draft_len, kind, proposal, self))
+        return proposals
+
+    monkeypatch.setattr(MedusaResources, "propose", recording)
+    return seen
+
+
+@torch.no_grad()
+def _expected_tree(model: torch.nn.Module, manager: MedusaResources, token_ids: list[int]) -> list[int]:
+    """The tree recomputed plainly: a fresh forward up to the last token's predecessor, its final
+    hidden state through the heads, each node the top-i token of its depth's head."""
+    hidden = model(torch.tensor([token_ids[:-1]]), output_hidden_states=True).hidden_states[-1][0, -1]
+    logits = manager.heads(hidden[None])[:, 0]
+    ranked = [manager.heads.target_ids(logits[d].argsort(descending=True)).tolist() for d in range(manager.depth)]
+    return [ranked[len(node) - 1][node[-1]] for node in TREE]
+
+
+def test_tree_nodes_are_the_heads_top_tokens_at_the_true_state(target, heads_dir, monkeypatch) -> None:
+    seen = _recording(monkeypatch)
+    config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES, "adaptive_draft_len": False}
+    with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=2) as llm:
+        outputs = llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS], SamplingParams(max_tokens=20))
+        trees = [(ids, budget, proposal, manager) for ids, budget, kind, proposal, manager in seen if kind == "greedy"]
+        assert trees and sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+        for ids, budget, proposal, manager in trees:
+            assert manager.tree == TREE
+            n = min(budget, len(TREE))
+            assert proposal.token_ids == _expected_tree(target.model, manager, ids)[:n]
+            assert proposal.parents == [-1, 0, 1, 0, -1, 4, -1][:n]
+            assert proposal.probs is None
+
+
+def test_unseeded_sampled_requests_draft_a_chain_with_its_distributions(target, heads_dir, monkeypatch) -> None:
+    seen = _recording(monkeypatch)
+    config = {"method": "medusa", "model": str(heads_dir), "adaptive_draft_len": False}
+    params = [SamplingParams(temperature=0.8, top_k=5, max_tokens=12), SamplingParams(temperature=0.8, max_tokens=12, seed=3)]
+    with LLM(target.model, config, tokenizer=target.tokenizer) as llm:
+        llm.generate([{"prompt_token_ids": target.encode(PROMPTS[0])}] * 2, params)
+    chains = [(budget, p, m) for _, budget, kind, p, m in seen if kind == "unseeded"]
+    seeded = [p for _, _, kind, p, _ in seen if kind == "seeded"]
+    assert chains and seeded
+    for budget, proposal, manager in chains:
+        assert proposal.parents is None and len(proposal) == min(manager.depth, budget) == 3
+        assert proposal.probs.shape == (3, target.model.config.vocab_size)
+        assert ((proposal.probs > 0).sum(-1) <= 5).all()  # shaped by the request's top_k
+    assert all(p.parents is not None for p in seeded)
+
+
+def test_a_small_budget_keeps_the_first_nodes(target, heads_dir, monkeypatch) -> None:
+    """A draft_len_schedule of 2 nodes: every proposal is the tree's first two nodes."""
+    seen = _recording(monkeypatch)
+    config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES, "adaptive_draft_len": False,
+              "draft_len_schedule": {8: 2}}
+    with LLM(target.model, config, tokenizer=target.tokenizer) as llm:
+        llm.generate({"prompt_token_ids": target.encode(PROMPTS[1])}, SamplingParams(max_tokens=10))
+    # The last steps' budgets are smaller still: the request runs out of tokens.
+    assert [budget for _, budget, _, _, _ in seen].count(2) > 1
+    assert all(budget <= 2 and p.parents == [-1, 0][:budget] for _, budget, _, p, _ in seen)
