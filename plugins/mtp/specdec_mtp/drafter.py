@@ -1,0 +1,182 @@
+"""Chain drafting with MTP layers, each depth keeping its own KV cache per request.
+
+Depth ``k`` (1-based; layer ``min(k, n) - 1`` of ``n`` loaded layers, the last one reused past
+``n`` as vLLM does) at position ``i`` reads depth ``k - 1``'s output there (for ``k = 1`` the
+target's final hidden state, after its final norm, as vLLM feeds ``deepseek_mtp``) and token
+``i + k``. With ``N`` tokens known, the target's states cover positions ``0 .. N - 2`` (token
+``N - 1`` is forwarded with the drafts), so each draft step ``k`` runs depth ``k`` over its
+uncached positions up to ``N - 2`` and drafts token ``N - 1 + k``
+from the last one. Positions ``i >= N - k`` read a drafted token; they are rolled back (cropped)
+after the step, so every cache holds only positions built from true tokens and states, and the
+next step recomputes them from the accepted tokens (catch-up). Each depth also keeps its true
+outputs that the next depth has not cached yet, since that depth reads them.
+
+The target's states come from its own forwards at no extra cost: the prefill covers the prompt,
+and each verify forward covers the last token and the drafts, of which ``accept`` keeps the rows
+of the tokens that stayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+from specdec import (
+    DraftProposal,
+    Request,
+    ResourceManager,
+    TargetContext,
+    VerifyResult,
+    greedy_tokens,
+    logits_to_probs,
+    prepack_linears,
+)
+from specdec.errors import ConfigError, ModelLoadError
+from specdec_mtp.checkpoint import load_mtp_layers
+from specdec_mtp.config import MTPDecodingConfig
+from specdec_mtp.layer import LatentCache, MTPLayer
+
+
+@dataclass
+class Depth:
+    """One depth's cache and its true outputs for positions ``start`` .. ``cache.length - 1``
+    (``start`` is the next depth's cache length)."""
+
+    cache: LatentCache = field(default_factory=LatentCache)
+    outputs: torch.Tensor | None = None
+    start: int = 0
+
+
+@dataclass
+class MTPState:
+    """One request's depths and the target's final states for positions ``target_start`` on."""
+
+    depths: list[Depth]
+    target: list[torch.Tensor]
+    target_start: int = 0
+
+
+def checkpoint_dir(config: MTPDecodingConfig, target: TargetContext) -> Path:
+    """``speculative_model``, else the directory the target was loaded from."""
+    source = config.speculative_model or getattr(target.model, "name_or_path", "") or ""
+    path = Path(source)
+    if not source or not path.is_dir():
+        raise ConfigError(
+            "speculative_model: the MTP layers are read from the target's checkpoint directory, but the target was "
+            f"not loaded from a local directory ({source!r}); set speculative_model to the directory that holds them"
+        )
+    return path
+
+
+def layer_count(config: MTPDecodingConfig, target: TargetContext) -> int:
+    """``num_nextn_predict_layers``: the option, else the target config's."""
+    count = config.num_nextn_predict_layers or getattr(target.model.config, "num_nextn_predict_layers", 0) or 0
+    if count < 1:
+        raise ConfigError(
+            "num_nextn_predict_layers: the target's config has no MTP layers (num_nextn_predict_layers is 0 or absent); "
+            "set the option if the checkpoint holds them"
+        )
+    return count
+
+
+class MTPResources(ResourceManager):
+    """The loaded MTP layers and per-request :class:`MTPState` in ``request.method_state``."""
+
+    def __init__(self, config: MTPDecodingConfig, target: TargetContext) -> None:
+        super().__init__()
+        target_config = target.model.config
+        if getattr(target_config, "model_type", None) not in ("deepseek_v3",):
+            raise ModelLoadError(
+                f"MTP: DeepSeek-V3 MTP layers need a DeepSeek-V3 target, got model_type {target_config.model_type!r}"
+            )
+        layers = load_mtp_layers(checkpoint_dir(config, target), target_config, layer_count(config, target))
+        self.config = config
+        self.layers = [layer.to(target.device, target.dtype) for layer in layers]
+        for layer in self.layers:
+            prepack_linears(layer)
+        self.target_embed = target.model.get_input_embeddings()
+        self.rotary = DeepseekV3RotaryEmbedding(target_config).to(target.device)
+        self.device = target.device
+        self.runner = target.runner
+        self.runner.capture_hidden_states = True
+
+    def layer(self, depth: int) -> MTPLayer:
+        """The layer of draft depth ``depth`` (1-based): the last one past the loaded count."""
+        return self.layers[min(depth, len(self.layers)) - 1]
+
+    def add_request(self, request: Request) -> None:
+        depths = [Depth() for _ in range(self.config.max_draft_len)]
+        request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]])
+
+    def free_request(self, request: Request) -> None:
+        request.method_state = None
+
+    def release(self) -> None:
+        self.runner.capture_hidden_states = False
+        self.layers = self.target_embed = self.rotary = self.runner = None
+        super().release()
+
+    def commit(self, request: Request, result: VerifyResult) -> None:
+        """Queue the target's final states of the last token and the accepted drafts."""
+        if not request.finished:
+            request.method_state.target.append(request.target_output.hidden_states[-1][: result.num_accepted + 1])
+
+    @torch.inference_mode()
+    def propose(self, request: Request) -> DraftProposal:
+        """A chain of up to ``request.max_draft_len`` tokens: argmax, or sampled with its distributions."""
+        length = min(self.config.max_draft_len, request.max_draft_len)
+        if length <= 0:
+            return DraftProposal()
+        state: MTPState = request.method_state
+        known = len(request.token_ids)
+        tokens = list(request.token_ids)
+        previous = torch.cat(state.target) if len(state.target) > 1 else state.target[0]
+        previous_start = state.target_start
+        if previous_start + previous.shape[0] != known - 1:
+            raise RuntimeError(f"MTP state out of step: target states to {previous_start + previous.shape[0]} for {known} tokens")
+        drafts: list[int] = []
+        probs: list[torch.Tensor] = []
+        for k in range(1, length + 1):
+            depth = state.depths[k - 1]
+            start = depth.cache.length
+            out = self._run(k, tokens[start + k : known - 1 + k], previous[start - previous_start :], start, depth.cache)
+            token, dist = self._choose(self.layer(k).logits(out[-1]), request, k - 1)
+            tokens.append(token)
+            drafts.append(token)
+            if dist is not None:
+                probs.append(dist)
+            true_end = max(known - k, start)
+            depth.cache.crop(true_end)
+            if depth.outputs is not None:
+                previous = torch.cat((depth.outputs, out))
+                previous_start = depth.start
+            else:
+                previous, previous_start = out, start
+            # Keep what the next depth will read at its next catch-up: its uncached true positions.
+            keep = state.depths[k].cache.length if k < len(state.depths) else true_end
+            depth.outputs = previous[keep - previous_start : true_end - previous_start]
+            depth.start = keep
+        first = state.depths[0].cache.length
+        target = torch.cat(state.target)
+        state.target = [target[first - state.target_start :]]
+        state.target_start = first
+        return DraftProposal(drafts, torch.stack(probs) if probs else None)
+
+    def _run(self, k: int, token_ids: list[int], previous: torch.Tensor, start: int, cache: LatentCache) -> torch.Tensor:
+        """Depth ``k`` over positions ``start`` on; returns its outputs ``[T, hidden]``."""
+        layer = self.layer(k)
+        ids = torch.tensor([token_ids], device=self.device)
+        embeds = (layer.embed_tokens or self.target_embed)(ids)
+        positions = torch.arange(start, start + len(token_ids), device=self.device)[None]
+        rotary = self.rotary(embeds, positions)
+        return layer(embeds, previous[None], positions, rotary, cache)[0]
+
+    def _choose(self, logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
+        """The draft for position ``len(request.token_ids) + offset``; a sampled one returns its distribution."""
+        if request.params.greedy:
+            return int(greedy_tokens(logits)), None
+        dist = logits_to_probs(logits.float(), request.params)
+        return request.sample(dist, offset), dist

@@ -1,0 +1,26 @@
+"""MTP passes the conformance suite with a tiny DeepSeek-V3 target whose checkpoint holds MTP layers
+in DeepSeek-V3's layout: one layer in the main file (reused for the second draft, as vLLM does),
+and three layers in a second shard named by ``model.safetensors.index.json``. The layers are
+fitted to the target (see ``mtp_tiny``), so drafts are accepted often but not always.
+"""
+
+from mtp_tiny import load_target
+
+from specdec.testing.conformance import MethodConformance
+from specdec_mtp import MTPDecodingConfig
+
+
+class TestMTPOneLayerConformance(MethodConformance):
+    def make_target(self):
+        return load_target(1)
+
+    def make_config(self, target, tmp_path):
+        return {"method": "deepseek_mtp", "num_speculative_tokens": 2}
+
+
+class TestMTPThreeLayerConformance(MethodConformance):
+    def make_target(self):
+        return load_target(3)
+
+    def make_config(self, target, tmp_path):
+        return MTPDecodingConfig(max_draft_len=3)

@@ -1,0 +1,62 @@
+"""MTP drafting with per-depth caches equals DeepSeek's definition computed from scratch.
+
+Each step, depth ``k`` over every position (no cache) reads depth ``k - 1``'s outputs (the
+target's final states for ``k = 1``) and the tokens ``k`` ahead, the drafts included; its last
+position's argmax is draft ``k``. The drafter computes the same with caches that catch up on
+accepted tokens and roll drafted positions back.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mtp_tiny import load_target, run_layer, saved_target
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
+
+from specdec import LLM, SamplingParams
+from specdec.testing.conformance import fixed_draft_len
+from specdec_mtp import MTPLayer, load_mtp_layers
+from specdec_mtp.drafter import MTPResources
+
+
+@pytest.fixture(scope="module")
+def saved() -> tuple[torch.nn.Module, list[MTPLayer], object]:
+    """The fitted one-layer target (drafts get accepted), and its layer as the checkpoint holds it."""
+    target = load_target(1, "cpu")
+    return target.model, load_mtp_layers(saved_target(1), target.model.config, 1), target.tokenizer
+
+
+@torch.no_grad()
+def reference_drafts(model: torch.nn.Module, layers: list[MTPLayer], token_ids: list[int], length: int) -> list[int]:
+    """Greedy drafts computed from scratch; depths past the loaded layers reuse the last one."""
+    tokens = list(token_ids)
+    known = len(tokens)
+    previous = model(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states[-1]
+    embed, rotary = model.get_input_embeddings(), DeepseekV3RotaryEmbedding(model.config)
+    for k in range(1, length + 1):
+        layer = layers[min(k, len(layers)) - 1]
+        previous = run_layer(layer, embed, rotary, previous, torch.tensor([tokens[k : known - 1 + k]]))
+        tokens.append(int(layer.logits(previous[0, -1]).argmax()))
+    return tokens[known:]
+
+
+def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, layers, tokenizer = saved
+    seen: list[tuple[list[int], list[int]]] = []
+    propose = MTPResources.propose
+
+    def recording(self, request):
+        proposal = propose(self, request)
+        seen.append((list(request.token_ids), list(proposal.token_ids)))
+        return proposal
+
+    monkeypatch.setattr(MTPResources, "propose", recording)
+    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
+    prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8]}]
+    llm.generate(prompts, SamplingParams(max_tokens=20))
+    llm.close()
+    assert len(seen) > 10
+    steps = [(a, b) for (a, _), (b, _) in zip(seen, seen[1:]) if b[: len(a)] == a]
+    assert any(len(b) - len(a) >= 2 for a, b in steps), "no step accepted a draft"
+    for token_ids, drafts in seen:
+        assert drafts == reference_drafts(model, layers, token_ids, len(drafts)), token_ids
