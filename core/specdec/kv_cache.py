@@ -305,3 +305,36 @@ class BatchKVCache(DynamicCache):
 def new_kv_cache(config: PretrainedConfig, rows: int = 1) -> BatchKVCache:
     """An empty cache for ``rows`` requests."""
     return BatchKVCache(config, rows)
+
+
+class RequestKV:
+    """One attention layer's keys and values for one request, held by a drafter outside the
+    target's batch cache (an EAGLE-3 head layer, an MTP block). Grows in place, doubling; rolls
+    back by cropping its length. Keys and values may differ in heads and head size."""
+
+    def __init__(self) -> None:
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``[..., n, dim]`` keys and values after the cached ones; return everything cached."""
+        end = self.length + keys.shape[-2]
+        if self._keys is None or end > self._keys.shape[-2]:
+            capacity = max(end, 2 * self.length, 64)
+            self._keys = self._grown(self._keys, keys, capacity)
+            self._values = self._grown(self._values, values, capacity)
+        self._keys[..., self.length : end, :] = keys
+        self._values[..., self.length : end, :] = values
+        self.length = end
+        return self._keys[..., :end, :], self._values[..., :end, :]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions."""
+        self.length = min(self.length, max(length, 0))
+
+    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        buf = like.new_empty((*like.shape[:-2], capacity, like.shape[-1]))
+        if old is not None:
+            buf[..., : self.length, :] = old[..., : self.length, :]
+        return buf

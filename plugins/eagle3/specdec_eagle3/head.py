@@ -34,6 +34,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from specdec import grouped_query_attention
+from specdec.kv_cache import RequestKV
 
 
 @dataclass
@@ -70,38 +71,11 @@ class Eagle3HeadConfig:
         return int(getattr(self.llama, "head_dim", None) or self.hidden_size // self.llama.num_attention_heads)
 
 
-class LayerCache:
-    """One decoder layer's keys/values for one request: grows in place, crops by moving the length."""
-
-    def __init__(self) -> None:
-        self._keys: torch.Tensor | None = None
-        self._values: torch.Tensor | None = None
-        self.length = 0
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``[B, kv_heads, n, head_dim]`` keys/values; return everything cached so far."""
-        end = self.length + keys.shape[-2]
-        if self._keys is None or end > self._keys.shape[-2]:
-            capacity = max(end, 2 * self.length, 64)
-            self._keys = self._grown(self._keys, keys, capacity)
-            self._values = self._grown(self._values, values, capacity)
-        self._keys[..., self.length : end, :] = keys
-        self._values[..., self.length : end, :] = values
-        self.length = end
-        return self._keys[..., :end, :], self._values[..., :end, :]
-
-    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
-        buf = like.new_empty((*like.shape[:-2], capacity, like.shape[-1]))
-        if old is not None:
-            buf[..., : self.length, :] = old[..., : self.length, :]
-        return buf
-
-
 class HeadCache:
     """The head's KV cache for one request: a ``layer_cache`` per decoder layer (training passes
     one that concatenates out of place, so autograd keeps every unrolled step's keys)."""
 
-    def __init__(self, layer_cache: type = LayerCache) -> None:
+    def __init__(self, layer_cache: type = RequestKV) -> None:
         self._make = layer_cache
         self._layers: list[Any] = []
 
@@ -121,7 +95,7 @@ class HeadCache:
             layer.length = min(layer.length, max(length, 0))
 
 
-def _layer_cache(cache: HeadCache | None, index: int) -> LayerCache | None:
+def _layer_cache(cache: HeadCache | None, index: int) -> RequestKV | None:
     return cache.layer(index) if cache is not None else None
 
 
@@ -153,7 +127,7 @@ class Eagle3Attention(nn.Module):
         self,
         x: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: LayerCache | None,
+        cache: RequestKV | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -185,7 +159,7 @@ class Eagle3DecoderLayer(nn.Module):
         embeds: torch.Tensor,
         hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: LayerCache | None,
+        cache: RequestKV | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         residual = hidden
@@ -212,7 +186,7 @@ class Eagle3LaterLayer(nn.Module):
         self,
         hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: LayerCache | None,
+        cache: RequestKV | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         h = hidden + self.self_attn(self.input_layernorm(hidden), position_embeddings, cache, mask)

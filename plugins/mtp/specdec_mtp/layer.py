@@ -18,39 +18,18 @@ from torch import nn
 from transformers import DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer, DeepseekV3RMSNorm
 
+from specdec.kv_cache import RequestKV
 
-class LatentCache:
-    """One request's keys/values for one MTP block, in transformers' ``Cache.update`` shape.
 
-    Keys and values may differ in size (multi-head latent attention caches a compressed latent
-    and the rotary key). Grows in place; ``crop`` rolls back by moving the length.
+class LatentCache(RequestKV):
+    """One request's keys/values for one MTP block, taking transformers' ``Cache.update`` call.
+
+    Keys and values differ in size (multi-head latent attention caches a compressed latent and
+    the rotary key); the core's :class:`~specdec.kv_cache.RequestKV` holds them either way.
     """
 
-    def __init__(self) -> None:
-        self._keys: torch.Tensor | None = None
-        self._values: torch.Tensor | None = None
-        self.length = 0
-
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + keys.shape[-2]
-        if self._keys is None or end > self._keys.shape[-2]:
-            capacity = max(end, 2 * self.length, 64)
-            self._keys = self._grown(self._keys, keys, capacity)
-            self._values = self._grown(self._values, values, capacity)
-        self._keys[..., self.length : end, :] = keys
-        self._values[..., self.length : end, :] = values
-        self.length = end
-        return self._keys[..., :end, :], self._values[..., :end, :]
-
-    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
-        buf = like.new_empty((*like.shape[:-2], capacity, like.shape[-1]))
-        if old is not None:
-            buf[..., : self.length, :] = old[..., : self.length, :]
-        return buf
-
-    def crop(self, length: int) -> None:
-        """Keep the first ``length`` positions."""
-        self.length = min(self.length, max(length, 0))
+        return self.append(keys, values)
 
 
 def additive_causal_mask(num_new: int, num_cached: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:

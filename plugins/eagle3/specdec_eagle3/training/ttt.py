@@ -35,7 +35,7 @@ from specdec_eagle3.head import Eagle3Head, HeadCache
 
 class ConcatLayerCache:
     """One decoder layer's keys/values across unrolled steps, concatenated out of place so autograd
-    keeps every step's keys (the inference ``LayerCache`` writes in place)."""
+    keeps every step's keys (the inference ``specdec.kv_cache.RequestKV`` writes in place)."""
 
     def __init__(self) -> None:
         self.keys: torch.Tensor | None = None
