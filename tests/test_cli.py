@@ -91,6 +91,8 @@ def test_generate_from_trtllm_yaml(tiny_dir: Path, tmp_path: Path) -> None:
         (["generate", "--method", "ngram", "--set", "method=1", "x"], "method"),
         (["generate", "--device", "tpu9", "x"], "device"),
         (["bench", "--method", "ngram", "--max-turns", "0"], "--max-turns"),
+        (["generate", "--enforce-eager", "--compile", "x"], "--enforce-eager and --compile"),
+        (["generate", "--max-model-len", "1", "x"], "--max-model-len"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,6 +135,8 @@ def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> N
     per_pos = summary["overall"]["acceptance_rate_per_pos"]
     assert per_pos and all(1 >= a >= b >= 0 for a, b in zip(per_pos, per_pos[1:] + [0]))
     assert "by position" in result.stdout
+    # n-gram speculation is lossless: no lossy-accepted tokens, and no column for them.
+    assert summary["overall"]["num_lossy_accepted_tokens"] == 0 and "lossy acc." not in result.stdout
     assert summary["b"]["num_turns"] == 4
     # Each turn is timed alone: 4 timed runs in "b", so its speedup gets an interval around it.
     low, high = summary["b"]["speedup_ci95"]

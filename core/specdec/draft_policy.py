@@ -295,7 +295,8 @@ class ForwardCost:
     ) -> ForwardCost:
         """Time forwards of every width over ``rows`` requests holding ``context`` tokens each;
         ``sync`` waits for the device (CUDA)."""
-        cache = runner.new_cache(rows)
+        cache = runner.new_batch_cache(rows)
+        context = min(context, runner.max_length // 2)
         # Rows of different lengths, as real batches have (their writes take the ragged path).
         runner.forward_rows(cache, [[0] * (context + row) for row in range(rows)])
 

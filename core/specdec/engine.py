@@ -79,6 +79,7 @@ class Engine:
             raise
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
+        runner.prepare(max_batch_size, config.max_draft_tokens + 1, show_progress=True)
         self.policy = DraftBudget(runner, config, self._sync)
         self.waiting: deque[Request] = deque()
         #: The batch, row for row with the cache; a finished request keeps its row until the
@@ -181,8 +182,8 @@ class Engine:
         """
         if self.resource_manager is None:
             raise SpecdecError("this engine has been closed")
-        if self._cache is None:
-            self._cache = self.runner.new_cache(rows=0)
+        if self._cache is None or not self.running:
+            self._cache = self.runner.new_batch_cache()
         prefilled: list[Request] = []
         batch: list[Request] = []
         try:
@@ -203,7 +204,7 @@ class Engine:
         """Do one piece of measurement the policy still wants (forward costs of a batch size);
         call when no request is pending. Returns ``False`` when nothing is left to do."""
         pending = self.policy.pending_measurements()
-        if not pending:
+        if not pending or self.running:  # measurements use the batch's cache: only while it is empty
             return False
         self.policy.measure(pending[0])
         return True
@@ -223,7 +224,7 @@ class Engine:
                 pass
             return
         for rows in range(1, rows_up_to + 1):
-            cache = self.runner.new_cache(rows)
+            cache = self.runner.new_batch_cache(rows)
             self.runner.forward_rows(cache, [[0] * 32] * rows)
             for width in range(1, self.config.max_draft_tokens + 2):
                 self.runner.forward_rows(cache, [[0] * width] * rows)
@@ -329,7 +330,7 @@ class Engine:
             if not request.finished:
                 self._end(request, "error", message)
         self._drop_finished_rows()
-        self._cache = self.runner.new_cache(rows=0)
+        self._cache = self.runner.new_batch_cache()
 
     def _delta(self, request: Request) -> RequestDelta:
         new = request.output_ids[request.num_reported :]

@@ -57,6 +57,11 @@ class LLM:
     :param max_queue_size: most requests waiting for a place in the batch (``engine.add_request``
         refuses more with :class:`~specdec.errors.QueueFullError`; ``generate`` queues its prompts
         as room frees up).
+    :param execution: how the batch's forwards run: ``auto`` (captured CUDA graphs on CUDA, eager
+        on CPU), ``eager`` (vLLM's ``enforce_eager``), ``cuda_graph``, ``compile``
+        (``torch.compile`` of the static path) or ``static`` (see :mod:`specdec.static_forward`).
+    :param max_model_len: the most positions (prompt and output) a request may hold; default the
+        model's context. The captured modes reserve a KV cache this long for every batch row.
 
     ``generate`` calls from several threads run one after the other (the engine is not
     thread-safe); a server drives :attr:`engine` from one thread instead.
@@ -72,6 +77,8 @@ class LLM:
         device: str | torch.device | None = None,
         max_batch_size: int = 8,
         max_queue_size: int | None = 256,
+        execution: str = "auto",
+        max_model_len: int | None = None,
     ) -> None:
         registry = get_registry()
         self.speculative_config = parse_speculative_config(speculative_config, registry)
@@ -80,7 +87,10 @@ class LLM:
         else:
             target, tokenizer = load_model(model, dtype, device)
         self.tokenizer = tokenizer
-        self.runner = ModelRunner(target)
+        try:
+            self.runner = ModelRunner(target, execution=execution, max_model_len=max_model_len)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry, max_batch_size, max_queue_size)
         self._history: list[RequestMetrics] = []
         self._lock = threading.Lock()

@@ -40,6 +40,8 @@ from specdec.kv_cache import (
     BatchKVCache, attention_layer_types, check_model_supported, context_length, new_kv_cache, sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
+from specdec.static_cache import StaticKVCache
+from specdec.static_forward import StaticForward, resolve_execution, width_buckets
 
 
 @dataclass
@@ -58,7 +60,23 @@ def cache_keyword(model: PreTrainedModel) -> str:
 
 
 class ModelRunner:
-    def __init__(self, model: PreTrainedModel, capture_hidden_states: bool = False) -> None:
+    """Runs ``model``'s forwards for a decoding engine.
+
+    :param execution: how the batch's forwards run (:mod:`specdec.static_forward`): ``auto``
+        (CUDA graphs on CUDA, eager elsewhere), ``eager``, ``cuda_graph``, ``compile`` or ``static``.
+        Prefill always runs eagerly; the captured modes take effect for the cache
+        :meth:`new_batch_cache` hands out, once :meth:`prepare` has sized it.
+    :param max_model_len: the most positions a request may hold (default: the model's context);
+        a static cache reserves this many per row.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        capture_hidden_states: bool = False,
+        execution: str = "eager",
+        max_model_len: int | None = None,
+    ) -> None:
         check_model_supported(model)
         self.model = model.eval()
         use_packed_attention(model)
@@ -69,6 +87,12 @@ class ModelRunner:
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.max_length = context_length(model.config)
+        if max_model_len is not None:
+            if max_model_len < 2:
+                raise ValueError(f"max_model_len: at least 2 positions, not {max_model_len}")
+            self.max_length = min(self.max_length, max_model_len)
+        self.execution = resolve_execution(execution, self.device)
+        self._static: StaticForward | None = None
         #: The window of the model's sliding-window layers (``None``: it has none), and whether
         #: it also has full-attention layers (then each layer type gets its own mask).
         self.sliding_window = sliding_window(model.config)
@@ -76,8 +100,45 @@ class ModelRunner:
         self._cache_keyword = cache_keyword(model)
 
     def new_cache(self, rows: int = 1) -> BatchKVCache:
-        """An empty cache for ``rows`` requests (``rows=0`` for a batch that requests join later)."""
+        """An empty ordinary cache for ``rows`` requests (a prefill's; ``rows=0`` for a batch that
+        requests join later)."""
         return new_kv_cache(self.model.config, rows)
+
+    @property
+    def static(self) -> bool:
+        """Whether batch forwards take the static-shape path (every mode but ``eager``)."""
+        return self.execution != "eager"
+
+    def prepare(self, max_rows: int, max_width: int, show_progress: bool = False) -> None:
+        """Size the batch cache for ``max_rows`` requests forwarding up to ``max_width`` tokens
+        each (a verify's drafts and the token before them), and record the forward of every
+        bucketed shape now, in the captured modes. Eager mode has nothing to prepare."""
+        if not self.static:
+            return
+        capacity = self.max_length + width_buckets(max_width)[-1]
+        cache = StaticKVCache(self.model.config, max_rows, capacity)
+        self._static = StaticForward(
+            self.execution, cache, self._forward_static, _visibility, self._static_layer_masks, self.dtype, self.device, max_width
+        )
+        self._static.capture_all(self.capture_hidden_states, show_progress)
+
+    def new_batch_cache(self, rows: int = 0) -> BatchKVCache:
+        """The cache a batch of ``rows`` requests decodes in (rows join later with ``rows=0``).
+
+        With a static path this is always the same :class:`~specdec.static_cache.StaticKVCache`,
+        emptied: the forwards recorded by :meth:`prepare` write to its buffers. One batch at a
+        time decodes in it.
+        """
+        if self._static is None:
+            if self.static:
+                raise RuntimeError("ModelRunner.prepare() sizes the static batch cache before its first use")
+            return self.new_cache(rows)
+        cache = self._static.cache
+        if rows > cache.max_rows:
+            raise ValueError(f"{rows} requests in a static KV cache of {cache.max_rows} rows")
+        cache.reset()
+        cache.lengths = [0] * rows
+        return cache
 
     @torch.inference_mode()
     def forward(
@@ -95,6 +156,11 @@ class ModelRunner:
         is additive, ``[1, 1, n, cache + n]``, as :func:`tree_attention` makes it; sliding-window
         layers get it with the keys outside each token's window hidden as well.
         """
+        if isinstance(cache, StaticKVCache):
+            if position_ids is not None or attention_mask is not None:
+                raise ValueError("a static KV cache takes trees through forward_rows, not position_ids / attention_mask")
+            output = self.forward_rows(cache, [token_ids])[0]
+            return RunnerOutput(output.logits[-1:], output.hidden_states) if last_only else output
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
         if attention_mask is not None and self.sliding_window is not None:
             start = cache.get_seq_length()
@@ -132,6 +198,8 @@ class ModelRunner:
         """
         if len(rows) != cache.num_rows:
             raise ValueError(f"{len(rows)} rows of tokens for a cache of {cache.num_rows} requests")
+        if isinstance(cache, StaticKVCache):
+            return self._forward_rows_static(cache, rows, parents)
         width = max(len(r) for r in rows)
         starts = cache.lengths
         input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
@@ -163,6 +231,46 @@ class ModelRunner:
             hidden = tuple(h[b, : len(r)] for h in out.hidden_states) if self.capture_hidden_states else None
             outputs.append(RunnerOutput(logits[b, : len(r)], hidden))
         return outputs
+
+    def _forward_rows_static(
+        self, cache: StaticKVCache, rows: list[list[int]], parents: list[list[int] | None] | None
+    ) -> list[RunnerOutput]:
+        if self._static is None or cache is not self._static.cache:
+            raise ValueError("a static KV cache runs forwards only on the runner that made it (new_batch_cache)")
+        logits, hidden = self._static.run(rows, parents, self.capture_hidden_states)
+        cache.advance([len(r) for r in rows])
+        return [
+            RunnerOutput(logits[b, : len(r)], tuple(h[b, : len(r)] for h in hidden) if hidden is not None else None)
+            for b, r in enumerate(rows)
+        ]
+
+    def _forward_static(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor],
+        hidden_states: bool,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """The model call of the static path (:class:`~specdec.static_forward.StaticForward`)."""
+        out = self.model(
+            input_ids=input_ids,
+            **{self._cache_keyword: self._static.cache},
+            use_cache=True,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=hidden_states,
+        )
+        return out.logits.float(), (tuple(out.hidden_states) if hidden_states else None)
+
+    def _static_layer_masks(
+        self, mask: torch.Tensor, position_ids: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """:meth:`_layer_masks` on the device, from each key's position ``[rows, kv]``."""
+        if self.sliding_window is None:
+            return mask
+        outside = key_positions[:, None, :] <= position_ids[:, :, None] - self.sliding_window
+        sliding = mask.masked_fill(outside[:, None], torch.finfo(mask.dtype).min)
+        return {"full_attention": mask, "sliding_attention": sliding} if self.mixed_attention else sliding
 
     def _layer_masks(
         self, mask: torch.Tensor, position_ids: torch.Tensor, starts: list[int]

@@ -39,7 +39,7 @@ BASELINES = {"none", "hf"}
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Rounds per turn (or batch), each running every mode once: more rounds average out machine noise.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
-def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, temperature, top_p, top_k, seed, dataset,
+def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, runtime, temperature, top_p, top_k, seed, dataset,
           categories, num_prompts, max_turns, max_tokens, ignore_eos, baseline, batch_size, repeats, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
@@ -56,8 +56,8 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
     quiet_transformers()
     console = log_console()
     with console.status("loading model"):
-        plain = LLM(model, None, dtype=dtype, device=device, max_batch_size=batch_size)
-        spec = LLM(plain.model, config, tokenizer=plain.tokenizer, max_batch_size=batch_size)
+        plain = LLM(model, None, dtype=dtype, device=device, max_batch_size=batch_size, **runtime)
+        spec = LLM(plain.model, config, tokenizer=plain.tokenizer, max_batch_size=batch_size, **runtime)
     hf = None
     if "hf" in baselines and batch_size > 1:
         console.print("[yellow]transformers' assisted generation decodes one sequence at a time; skipping the hf baseline at --batch-size above 1[/]")

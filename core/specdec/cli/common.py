@@ -14,7 +14,28 @@ from specdec.errors import ConfigError
 from specdec.sampling import SamplingParams
 
 
-def model_options(func: Any) -> Any:
+def model_options(command: Any) -> Any:
+    """``--model``, ``--dtype``, ``--device``, and how forwards run (``--enforce-eager``,
+    ``--compile``, ``--max-model-len``), which reach the command as one ``runtime`` dict of
+    :class:`~specdec.LLM` keyword arguments."""
+
+    def with_runtime(*args: Any, enforce_eager: bool, compile_static: bool, max_model_len: int | None, **kwargs: Any) -> Any:
+        if enforce_eager and compile_static:
+            raise ConfigError("--enforce-eager and --compile exclude each other")
+        execution = "eager" if enforce_eager else "compile" if compile_static else "auto"
+        return command(*args, runtime={"execution": execution, "max_model_len": max_model_len}, **kwargs)
+
+    # Not functools.wraps: click passes a callback only the parameters its signature names, and
+    # would read the command's own (through ``__wrapped__``), which has ``runtime`` instead.
+    with_runtime.__name__, with_runtime.__doc__ = command.__name__, command.__doc__
+    with_runtime.__click_params__ = getattr(command, "__click_params__", [])
+    func = with_runtime
+    func = click.option("--max-model-len", type=click.IntRange(min=2), default=None,
+                        help="Most tokens (prompt and output) per request (default: the model's context).")(func)
+    func = click.option("--compile", "compile_static", is_flag=True,
+                        help="Run the static-shape forward through torch.compile (docs/performance.md).")(func)
+    func = click.option("--enforce-eager", is_flag=True,
+                        help="Run every forward eagerly: no CUDA graphs (captured by default on CUDA).")(func)
     func = click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")(func)
     func = click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
                         show_default=True, help="auto: bfloat16 where the hardware computes it natively.")(func)

@@ -32,7 +32,7 @@ def _timed(llm: LLM, prompt: str, params: SamplingParams, chat: bool) -> tuple[R
 @click.option("--compare", is_flag=True, help="Also decode plainly (after a warm-up) and report the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt, one per line.")
 @click.argument("prompts", nargs=-1, required=True)
-def generate(model, dtype, device, config_file, method, max_draft_len, speculative_model, settings, temperature, top_p, top_k, seed,
+def generate(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, temperature, top_p, top_k, seed,
              max_tokens, stop, chat, compare, as_json, prompts) -> None:
     """Generate text for each PROMPT."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
@@ -40,8 +40,8 @@ def generate(model, dtype, device, config_file, method, max_draft_len, speculati
     quiet_transformers()
     console = Console(stderr=as_json)
     with console.status("loading model"):
-        llm = LLM(model, config, dtype=dtype, device=device)
-        plain = LLM(llm.model, None, tokenizer=llm.tokenizer) if compare else None
+        llm = LLM(model, config, dtype=dtype, device=device, **runtime)
+        plain = LLM(llm.model, None, tokenizer=llm.tokenizer, **runtime) if compare else None
     with console.status("warming up"):
         llm.warmup()
         if plain is not None:
@@ -77,6 +77,8 @@ def _generate_all(llm: LLM, plain: LLM | None, prompts: tuple[str, ...], params:
             if record["matches_plain"] is not None:
                 table.add_row("same tokens as plain", "yes" if record["matches_plain"] else f"no ({llm.runner.dtype}; see docs on bf16)")
         table.add_row("drafts / draft tokens / accepted", f"{m.num_drafts} / {m.num_draft_tokens} / {m.num_accepted_tokens}")
+        if m.num_lossy_accepted_tokens:
+            table.add_row("lossy-accepted (not lossless)", str(m.num_lossy_accepted_tokens))
         table.add_row("acceptance rate", f"{m.acceptance_rate:.1%}")
         table.add_row("mean acceptance length", f"{m.mean_acceptance_length:.2f}")
         table.add_row("per-position acceptance", format_rates_per_pos(m.acceptance_rate_per_pos))

@@ -41,7 +41,7 @@ _HONOURED_OPTIONS = ("max_batch_size",)
 @click.option("--warmup/--no-warmup", default=True, show_default=True,
               help="Measure step costs for every batch size before serving (else in idle time while serving).")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
-def serve(model, dtype, device, config_file, method, max_draft_len, speculative_model, settings, host, port,
+def serve(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, host, port,
           max_batch_size, max_queue_size, served_model_name, max_request_bytes, shutdown_timeout, warmup,
           access_log) -> None:
     """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, Triton
@@ -68,7 +68,7 @@ def serve(model, dtype, device, config_file, method, max_draft_len, speculative_
     with _bind(host, port) as sock:
         quiet_transformers()
         with err.status("loading model"):
-            llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=max_batch_size or 8,
+            llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=max_batch_size or 8, **runtime,
                       max_queue_size=max_queue_size)
         try:
             if warmup:

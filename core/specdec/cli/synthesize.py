@@ -41,7 +41,7 @@ from specdec.training.synthesize import (SynthesisOptions, done_ids, read_conver
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--system-prompt", default=None, help="System turn for every conversation (replaces the input's).")
-def synthesize(model, dtype, device, input_path, output_path, self_prompts, follow_ups, user_temperature, user_top_p,
+def synthesize(model, dtype, device, runtime, input_path, output_path, self_prompts, follow_ups, user_temperature, user_top_p,
                user_max_tokens, openers_path, follow_up_openers_path, limit, max_new_tokens, max_prompt_tokens,
                batch_size, temperature, top_p, seed, system_prompt) -> None:
     """Generate the target's own answers to every user turn in --input (and to requests it writes
@@ -80,7 +80,7 @@ def synthesize(model, dtype, device, input_path, output_path, self_prompts, foll
             counted["tokens"] += tokens
             progress.update(task, advance=conversations, tokens=counted["tokens"])
 
-        written = run_synthesis(target, tokenizer, records, output_path, options, on_batch)
+        written = run_synthesis(target, tokenizer, records, output_path, options, on_batch, runtime)
     console.print(f"wrote {written} conversations ({counted['tokens']} generated tokens) to {output_path}; "
                   f"{pending - written} skipped: their first prompt is longer than {max_prompt_tokens} tokens, "
                   f"or the target's own request was cut off at {user_max_tokens} tokens or empty")

@@ -107,7 +107,7 @@ def _row(m: RequestMetrics) -> dict[str, Any]:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True, help="Requests decoded together.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the results here.")
-def validate(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, dataset, categories,
+def validate(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, runtime, dataset, categories,
              num_prompts, max_turns, max_tokens, batch_size, json_out) -> None:
     """Mean acceptance length of a method on a prompt set, per category (greedy)."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
@@ -119,7 +119,7 @@ def validate(config_file, method, max_draft_len, speculative_model, settings, mo
     quiet_transformers()
     console = log_console()
     with console.status("loading model"):
-        llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=batch_size)
+        llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=batch_size, **runtime)
     total = sum(len(turns) if isinstance(turns[0], str) else 1 for _, turns in prompts)
     try:
         with Progress(TextColumn("[bold]validating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

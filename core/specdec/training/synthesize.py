@@ -263,9 +263,10 @@ def _write_user_turns(llm: LLM, tokenizer: Any, conversations: list[_Conversatio
 
 
 def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output: str | Path,
-               options: SynthesisOptions, on_batch: Callable[[int, int], None] | None = None) -> int:
+               options: SynthesisOptions, on_batch: Callable[[int, int], None] | None = None,
+               llm_options: dict[str, Any] | None = None) -> int:
     """Append the target's answers to ``records`` to ``output``; returns how many conversations
-    were written.
+    were written. ``llm_options`` go to :class:`~specdec.LLM` (``execution``, ``max_model_len``).
 
     ``options.batch_size`` requests decode together; ``on_batch(conversations, new_tokens)`` is
     called after each chunk written (progress display). A conversation whose first prompt is
@@ -278,7 +279,7 @@ def synthesize(model: Any, tokenizer: Any, records: list[dict[str, Any]], output
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     chunk = options.batch_size * CHUNK_BATCHES
-    with LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size) as llm, \
+    with LLM(model, None, tokenizer=tokenizer, max_batch_size=options.batch_size, **(llm_options or {})) as llm, \
             output.open("a", encoding="utf-8") as sink:
         for start in range(0, len(todo), chunk):
             conversations = [_Conversation(record, options.system_prompt, options.follow_ups)

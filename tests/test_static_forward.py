@@ -1,0 +1,174 @@
+"""The static-shape forward path (specdec.static_forward, specdec.static_cache) against the eager
+runner: same logits (float32, 1e-5) for ragged batches, trees, rollbacks and rows joining and
+leaving, on full-attention, sliding-window and DeepSeek-V3 models; the bucketing; the switch.
+
+``static`` runs the bucketed, padded forward without capture, so everything but the recording
+itself is checked on the CPU; on CUDA (``SPECDEC_TEST_DEVICE=cuda``) the same tests run the
+captured graphs (``cuda_graph``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.errors import ConfigError
+from specdec.runner import ModelRunner
+from specdec.static_cache import StaticKVCache
+from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, width_buckets
+from specdec.testing.architectures import make_tiny_model
+
+
+@pytest.fixture
+def modes(device: torch.device) -> list[str]:
+    return ["static", "cuda_graph"] if device.type == "cuda" else ["static"]
+
+
+def _replay(runner: ModelRunner, cache, script: list) -> list[torch.Tensor]:
+    """Run ``script`` (forwards, rollbacks, rows leaving and joining) on ``cache``; every logit."""
+    logits = []
+    for op, *args in script:
+        if op == "rows":
+            outputs = runner.forward_rows(cache, *args)
+            logits.extend(o.logits for o in outputs)
+        elif op == "rollback":
+            runner.rollback_rows(cache, args[0])
+        elif op == "select":
+            cache.select_rows(args[0])
+        elif op == "join":
+            joining = []
+            for prompt in args[0]:
+                row = runner.new_cache()
+                logits.append(runner.forward(row, prompt, last_only=True).logits)
+                joining.append(row)
+            cache.append_rows(*joining)
+        elif op == "replace":
+            row_index, prompt = args
+            row = runner.new_cache()
+            logits.append(runner.forward(row, prompt, last_only=True).logits)
+            cache.replace_row(row_index, row)
+        elif op == "move":
+            cache.move_entries(*args)
+    return logits
+
+
+#: Three requests join, decode ragged chains and a tree, roll back, one leaves, one takes its row.
+SCRIPT = [
+    ("join", [list(range(3, 12)), list(range(20, 26)), list(range(5, 20))]),
+    ("rows", [[5], [6, 7, 8], [9, 10]]),
+    ("rollback", [0, 2, 1]),
+    ("rows", [[11, 12, 13, 14], [15], [16, 17]], [[-1, 0, 0, 1], None, None]),
+    ("move", 0, [12, 14], 11),
+    ("rollback", [2, 0, 0]),
+    ("select", [0, 2]),
+    ("rows", [[18, 19], [20]]),
+    ("replace", 1, list(range(25, 32))),
+    ("join", [[3, 4, 5]]),
+    ("rows", [[21], [22, 23, 24, 25, 26], [27]]),
+    ("rollback", [0, 3, 0]),
+    ("rows", [[28, 29], [30], [31, 32, 33, 34, 35]], [None, None, [-1, 0, 0, 2, 3]]),
+]
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma2", "deepseek_v3"])
+def test_static_forward_equals_eager(architecture, device, modes):
+    """Every forward of the script gives the eager runner's logits, for each static mode."""
+    # A window of 2: the deep tree above has a grandparent inside the window by its index in the
+    # forward but outside it by its position.
+    target = make_tiny_model(architecture, device=device, window=2)
+    eager = ModelRunner(target.model)
+    expected = _replay(eager, eager.new_batch_cache(), SCRIPT)
+    for mode in modes:
+        runner = ModelRunner(target.model, execution=mode)
+        runner.prepare(max_rows=4, max_width=6)
+        got = _replay(runner, runner.new_batch_cache(), SCRIPT)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_shapes_past_the_buckets_run_the_same_forward_unpadded(tiny, device):
+    """A batch wider than any bucket still gives the eager logits (the static forward, no bucket)."""
+    eager = ModelRunner(tiny.model)
+    runner = ModelRunner(tiny.model, execution="static")
+    runner.prepare(max_rows=2, max_width=2)
+    rows = [list(range(3, 13)), list(range(4, 9))]
+    want = eager.forward_rows(eager.new_cache(2), rows)
+    got = runner.forward_rows(runner.new_batch_cache(2), rows)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_hidden_states_come_back_for_every_layer(tiny):
+    """Hidden-state methods (EAGLE-3, Medusa, MTP) get the same features from the static path."""
+    eager = ModelRunner(tiny.model, capture_hidden_states=True)
+    runner = ModelRunner(tiny.model, capture_hidden_states=True, execution="static")
+    runner.prepare(max_rows=1, max_width=4)
+    prompt = list(range(3, 15))
+    caches = []
+    for r, cache in ((eager, eager.new_batch_cache()), (runner, runner.new_batch_cache())):
+        row = r.new_cache()
+        r.forward(row, prompt)
+        cache.append_rows(row)
+        caches.append(r.forward(cache, [7, 8, 9]))
+    assert len(caches[0].hidden_states) == len(caches[1].hidden_states)
+    for a, b in zip(caches[0].hidden_states, caches[1].hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_the_static_cache_refuses_what_it_cannot_hold(tiny):
+    runner = ModelRunner(tiny.model, execution="static", max_model_len=32)
+    runner.prepare(max_rows=2, max_width=4)
+    cache = runner.new_batch_cache(2)
+    with pytest.raises(ValueError, match="static KV cache of 2 rows"):
+        cache.append_rows(runner.new_cache())
+    with pytest.raises(ValueError, match="36 positions"):
+        runner.forward_rows(cache, [[3] * 40, [3]])
+    with pytest.raises(ValueError, match="3 requests"):
+        runner.new_batch_cache(3)
+    assert isinstance(cache, StaticKVCache) and runner.max_length == 32
+
+
+def test_buckets():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(8) == [1, 2, 4, 8]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert width_buckets(5) == [1, 2, 3, 4, 5]
+    assert width_buckets(60) == [*range(1, 17), 32, 60]
+    assert bucket_for(3, [1, 2, 4]) == 4
+    assert bucket_for(5, [1, 2, 4]) is None
+
+
+def test_execution_modes_resolve_per_device():
+    """auto captures on CUDA only; CUDA graphs on a CPU are refused with the field's name."""
+    assert resolve_execution("auto", torch.device("cpu")) == "eager"
+    assert resolve_execution("auto", torch.device("cuda")) == "cuda_graph"
+    with pytest.raises(ValueError, match="execution: CUDA graphs need a CUDA device"):
+        resolve_execution("cuda_graph", torch.device("cpu"))
+    with pytest.raises(ValueError, match="execution: one of"):
+        resolve_execution("fast", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("method", [None, {"decoding_type": "NGram", "max_draft_len": 4}])
+def test_greedy_generation_is_identical_on_the_static_path(tiny, device, modes, method):
+    """Plain and speculative greedy decoding, batched with rows finishing at different times,
+    emit the eager path's tokens on the static path."""
+    prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (5, 11, 8)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 20, 7)]
+    want = [o.token_ids for o in LLM(tiny.model, method, tokenizer=tiny.tokenizer, max_batch_size=2).generate(prompts, params)]
+    for mode in modes:
+        llm = LLM(tiny.model, method, tokenizer=tiny.tokenizer, max_batch_size=2, execution=mode)
+        assert [o.token_ids for o in llm.generate(prompts, params)] == want
+
+
+def test_max_model_len_bounds_requests(tiny):
+    """``max_model_len`` caps a request's positions below the model's context, in every mode."""
+    for mode in ("eager", "static"):
+        llm = LLM(tiny.model, None, tokenizer=tiny.tokenizer, execution=mode, max_model_len=16)
+        out = llm.generate({"prompt_token_ids": list(range(3, 13))}, SamplingParams(max_tokens=50, ignore_eos=True))[0]
+        assert len(out.token_ids) == 6 and out.finish_reason == "length"
+        with pytest.raises(ConfigError, match="context of 16"):
+            llm.engine.add_request(list(range(3, 23)), SamplingParams(max_tokens=5))
+    with pytest.raises(ConfigError, match="execution: one of"):
+        LLM(tiny.model, None, tokenizer=tiny.tokenizer, execution="fast")
