@@ -1,5 +1,6 @@
 """Metrics counting and the formatting shared by `generate --compare` and `bench`."""
 
+from specdec.bench.report import summary_table
 from specdec.metrics import RequestMetrics, format_rates_per_pos
 
 
@@ -26,3 +27,29 @@ def test_per_position_counts_have_one_entry_per_depth() -> None:
     tree.record_step(12, 1, depth=2)
     assert tree.num_accepted_tokens_per_pos == [2, 1, 1]
     assert tree.acceptance_rate_per_pos == [1.0, 0.5, 0.5]
+
+
+def test_lossy_accepted_tokens_are_counted_within_the_accepted_and_summed() -> None:
+    """Tokens kept by a rule that is not lossless count among the accepted ones and apart from
+    them; merging and ``to_dict`` carry the count, and a lossless step adds none."""
+    first = RequestMetrics()
+    first.record_step(3, 2, depth=3, num_lossy_accepted=1)
+    first.record_step(3, 3, depth=3)
+    second = RequestMetrics()
+    second.record_step(3, 1, depth=3, num_lossy_accepted=1)
+    assert (first.num_accepted_tokens, first.num_lossy_accepted_tokens) == (5, 1)
+    first.merge(second)
+    assert (first.num_accepted_tokens, first.num_lossy_accepted_tokens) == (6, 2)
+    assert first.to_dict()["num_lossy_accepted_tokens"] == 2
+
+
+def test_bench_table_shows_lossy_acceptances_only_when_there_are_some() -> None:
+    row = {"num_turns": 1, "speedup": 1.5, "speedup_ci95": None, "tokens_per_second": 10.0, "mean_accepted_tokens": 2.0,
+           "acceptance_rate": 0.5, "num_lossy_accepted_tokens": 0, "acceptance_rate_per_pos": [0.5],
+           "outputs_match": None, "overhead_fraction": 0.1}
+
+    def headers(lossy: int) -> list[str]:
+        return [str(c.header) for c in summary_table({"overall": {**row, "num_lossy_accepted_tokens": lossy}}, "t").columns]
+
+    assert "lossy acc." not in headers(0)
+    assert "lossy acc." in headers(3)

@@ -25,8 +25,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec import LLM, SamplingParams
+from specdec import LLM, RequestMetrics, SamplingParams
 from specdec.cli.main import main
+from specdec.requests import RequestDelta
+from specdec.server.metrics import RequestTracker, ServerMetrics
 
 #: The main server's --served-model-name (the Triton tutorial's model name).
 MODEL = "tensorrt_llm"
@@ -280,6 +282,18 @@ def test_triton_generate_as_the_tutorial_sends_it(server: Server, offline: LLM) 
     assert bad.status_code == 400 and "top_p" in bad.json()["error"]
 
 
+def test_lossy_accepted_counter_moves_by_each_deltas_increase() -> None:
+    """``specdec:spec_decode_num_lossy_accepted_tokens`` adds what each delta's cumulative count
+    adds, as the vLLM counters beside it do."""
+    metrics = ServerMetrics("m")
+    tracker = RequestTracker(arrival=0.0)
+    for lossy in (1, 3):
+        step = RequestMetrics(num_drafts=1, num_draft_tokens=4, num_accepted_tokens=4, num_lossy_accepted_tokens=lossy)
+        metrics.observe(tracker, RequestDelta(0, [5], "a", False, None, None, 3, step), now=1.0)
+    samples = {s.name: s.value for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
+    assert samples["specdec:spec_decode_num_lossy_accepted_tokens_total"] == 3
+
+
 def test_metrics_count_what_the_requests_report(server: Server) -> None:
     """The spec-decode counters move by the perf metrics the requests report; request, token and
     latency series move by one request each."""
@@ -299,6 +313,9 @@ def test_metrics_count_what_the_requests_report(server: Server) -> None:
     assert moved("vllm:spec_decode_num_accepted_tokens_total") == accepted > 0
     assert moved("vllm:spec_decode_num_accepted_tokens_per_pos_total") == accepted
     assert moved("vllm:spec_decode_num_drafts_total") > 0
+    # n-gram speculation is lossless: the lossy counter is exported and stays at 0.
+    assert any(n == "specdec:spec_decode_num_lossy_accepted_tokens_total" for n, _ in after)
+    assert moved("specdec:spec_decode_num_lossy_accepted_tokens_total") == 0
     assert moved("vllm:request_success_total", finished_reason="length") == 2
     assert moved("vllm:generation_tokens_total") == sum(o.usage.completion_tokens for o in outs) == 48
     assert moved("vllm:prompt_tokens_total") == sum(o.usage.prompt_tokens for o in outs)

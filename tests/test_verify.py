@@ -12,6 +12,7 @@ from specdec import (
     LLM,
     DraftProposal,
     Request,
+    RequestFailedError,
     SamplingParams,
     UserProvidedDecodingConfig,
     VerifyResult,
@@ -343,6 +344,41 @@ def test_conformance_statistical_check_rejects_a_broken_verifier(tiny):
     assert metrics.num_accepted_tokens == metrics.num_draft_tokens > 0, "the broken verifier was not used"
     p_value = chi_square_p_value(broken, expected, n)
     assert p_value < 1e-12, f"the check failed to reject a broken verifier (p={p_value:.2e})"
+
+
+class _LossyVerifier:
+    """Keeps every draft and reports ``lossy(n)`` of the ``n`` kept as lossy-accepted."""
+
+    def __init__(self, drafter: _FixedDrafter, lossy) -> None:
+        self.drafter, self.lossy = drafter, lossy
+
+    @hookimpl
+    def specdec_verify(self, config, requests, proposals, target_logits):
+        if not (isinstance(config, UserProvidedDecodingConfig) and config.drafter is self.drafter):
+            return None
+        return [VerifyResult(len(p), int(lg[len(p)].argmax()), num_lossy_accepted=self.lossy(len(p)))
+                for p, lg in zip(proposals, target_logits)]
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_engine_counts_lossy_acceptances_and_refuses_impossible_counts(tiny, valid: bool):
+    """A verifier's ``num_lossy_accepted`` goes into the request's ``num_lossy_accepted_tokens``;
+    a count above the kept drafts fails the request, naming the count."""
+    drafter = _FixedDrafter([5, 6, 7])
+    config = UserProvidedDecodingConfig(drafter=drafter, max_draft_len=3, adaptive_draft_len=False)
+    registry = get_registry()
+    registry.register_plugin(_LossyVerifier(drafter, (lambda n: n) if valid else (lambda n: n + 1)), name="lossy")
+    prompt, params = {"prompt_token_ids": [3, 4]}, SamplingParams(max_tokens=8, ignore_eos=True)
+    try:
+        with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+            if valid:
+                metrics = llm.generate(prompt, params)[0].metrics
+                assert metrics.num_lossy_accepted_tokens == metrics.num_accepted_tokens > 0
+            else:
+                with pytest.raises(RequestFailedError, match="3 of 3 drafts .*4 of them lossy-accepted"):
+                    llm.generate(prompt, params)
+    finally:
+        registry.unregister_plugin("lossy")
 
 
 # -- (d) sampling transforms ----------------------------------------------------------------------

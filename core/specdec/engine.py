@@ -393,7 +393,7 @@ class Engine:
         batch, proposals, results = self._survivors(batch, proposals, results)
         verified = time.perf_counter()
         for request, proposal, result in zip(batch, proposals, results):
-            request.metrics.record_step(len(proposal), result.num_accepted, depth(proposal))
+            request.metrics.record_step(len(proposal), result.num_accepted, depth(proposal), result.num_lossy_accepted)
             self._append(request, result.emitted(proposal))
         self._accept(batch, results)
         batch, proposals, results = self._survivors(batch, proposals, results)
@@ -495,7 +495,7 @@ class Engine:
                     request,
                     "error",
                     f"method {self.method.name!r}: verify kept {result.num_accepted} of {len(proposal)} drafts "
-                    f"with next token {result.next_token}",
+                    f"with next token {result.next_token} ({result.num_lossy_accepted!r} of them lossy-accepted)",
                 )
                 results[i] = None
         return results
@@ -536,6 +536,8 @@ def _valid(result: VerifyResult, proposal: DraftProposal, vocab: int) -> bool:
     if not isinstance(result.num_accepted, int) or not isinstance(result.next_token, int):
         return False
     if not 0 <= result.num_accepted <= len(proposal) or not 0 <= result.next_token < vocab:
+        return False
+    if not isinstance(result.num_lossy_accepted, int) or not 0 <= result.num_lossy_accepted <= result.num_accepted:
         return False
     return proposal.parents is None or _is_tree_path(proposal.parents, result)
 

@@ -4,6 +4,9 @@
 - mean acceptance length = 1 + accepted tokens / drafts (tokens gained per drafting step)
 - per-position acceptance rate = accepted at position i / drafts (for a tree, at depth i: one
   entry per level the deepest proposal reached, not per node)
+- lossy-accepted tokens: accepted tokens that only an acceptance rule which is not lossless kept
+  (:attr:`specdec.VerifyResult.num_lossy_accepted`); included in the accepted tokens, and 0 for a
+  lossless method
 
 As in vLLM, a draft counts as accepted when verification keeps it, even if a stop condition
 then ends the output before it.
@@ -25,6 +28,7 @@ class RequestMetrics:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_lossy_accepted_tokens: int = 0
     num_output_tokens: int = 0
     num_steps: int = 0
     time_prefill: float = 0.0
@@ -33,16 +37,17 @@ class RequestMetrics:
     time_verify: float = 0.0
     time_decode: float = 0.0
 
-    def record_step(self, num_draft_tokens: int, num_accepted: int, depth: int) -> None:
+    def record_step(self, num_draft_tokens: int, num_accepted: int, depth: int, num_lossy_accepted: int = 0) -> None:
         """Count one decoding step that proposed ``num_draft_tokens`` tokens reaching ``depth``
         positions deep (a chain's length, a tree's deepest path) and accepted ``num_accepted`` of
-        them."""
+        them, ``num_lossy_accepted`` of those by a rule that is not lossless."""
         self.num_steps += 1
         if num_draft_tokens == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        self.num_lossy_accepted_tokens += num_lossy_accepted
         per_pos = self.num_accepted_tokens_per_pos
         per_pos.extend([0] * (depth - len(per_pos)))
         for i in range(num_accepted):

@@ -119,11 +119,17 @@ class VerifyResult:
 
     For a tree proposal, ``accepted_nodes`` lists the kept path's node indices from the root
     down (``num_accepted`` of them).
+
+    ``num_lossy_accepted`` counts the kept drafts that only a rule which is not lossless kept
+    (Medusa's typical acceptance, MTP's relaxed acceptance): the core's lossless verification
+    would have rejected them. The metrics report it apart, as such output no longer follows the
+    target's.
     """
 
     num_accepted: int
     next_token: int
     accepted_nodes: list[int] | None = None
+    num_lossy_accepted: int = 0
 
     def path(self) -> list[int]:
         """Indices into the proposal's ``token_ids`` of the kept drafts, in order."""

@@ -53,6 +53,8 @@ def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
         # vLLM: 1 + accepted / drafts, over steps that drafted.
         "mean_acceptance_length": m.mean_acceptance_length,
         "acceptance_rate": m.acceptance_rate,
+        # Accepted tokens that a rule which is not lossless kept (0 for a lossless method).
+        "num_lossy_accepted_tokens": m.num_lossy_accepted_tokens,
         # vLLM: the share of drafting steps that accepted a token at draft position i (tree: depth i + 1).
         "acceptance_rate_per_pos": m.acceptance_rate_per_pos,
         "overhead_fraction": m.time_overhead / m.time_decode if m.time_decode else 0.0,
@@ -81,9 +83,11 @@ def _fmt(value: Any, spec: str) -> str:
 
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     has_hf = "speedup_vs_hf" in summary["overall"]
+    has_lossy = summary["overall"]["num_lossy_accepted_tokens"] > 0
     table = Table(title=title)
     for col in ["category", "turns", "speedup", "95% interval", *(["vs hf", "hf speedup"] if has_hf else []),
-                "tok/s", "mean acc. tokens", "accept rate", "by position", "outputs match", "overhead"]:
+                "tok/s", "mean acc. tokens", "accept rate", *(["lossy acc."] if has_lossy else []), "by position",
+                "outputs match", "overhead"]:
         table.add_column(col, justify="left" if col == "category" else "right")
     for cat, s in summary.items():
         interval = s["speedup_ci95"]
@@ -93,7 +97,8 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
             row += [_fmt(s.get("speedup_vs_hf"), ".2f") + "x", _fmt(s.get("hf_speedup"), ".2f") + "x"]
         match = s["outputs_match"]
         row += [_fmt(s["tokens_per_second"], ".1f"), _fmt(s["mean_accepted_tokens"], ".2f"),
-                _fmt(s["acceptance_rate"], ".1%"), format_rates_per_pos(s["acceptance_rate_per_pos"]),
+                _fmt(s["acceptance_rate"], ".1%"), *([str(s["num_lossy_accepted_tokens"])] if has_lossy else []),
+                format_rates_per_pos(s["acceptance_rate_per_pos"]),
                 "-" if match is None else f"{match:.0%}",
                 _fmt(s["overhead_fraction"], ".1%")]
         table.add_row(*row, style="bold" if cat == "overall" else None)

@@ -1,8 +1,10 @@
 """Prometheus metrics with vLLM's names, in a registry of the server's own.
 
 prometheus_client appends ``_total`` to counters, so ``vllm:spec_decode_num_drafts`` is exposed
-as ``vllm:spec_decode_num_drafts_total``, exactly as vLLM exposes it. Every series carries a
-``model_name`` label. Counters move with every engine step, from the difference between a
+as ``vllm:spec_decode_num_drafts_total``, exactly as vLLM exposes it. vLLM has no counter for
+drafts kept by an acceptance rule that is not lossless, so that one has specdec's own prefix:
+``specdec:spec_decode_num_lossy_accepted_tokens`` (0 for a lossless method). Every series
+carries a ``model_name`` label. Counters move with every engine step, from the difference between a
 request's cumulative metrics in successive deltas; the engine thread records, the ``/metrics``
 route renders (prometheus_client is thread-safe).
 """
@@ -33,6 +35,7 @@ class RequestTracker:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    num_lossy_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
 
 
@@ -56,6 +59,10 @@ class ServerMetrics:
         self.num_drafts = counter("vllm:spec_decode_num_drafts", "Draft steps (steps that proposed at least one token).")
         self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
         self.num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.num_lossy_accepted_tokens = counter(
+            "specdec:spec_decode_num_lossy_accepted_tokens",
+            "Draft tokens accepted by a rule that is not lossless (counted in the accepted tokens too).",
+        )
         self._accepted_per_pos = Counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft.",
             ["model_name", "position"], registry=self.registry,
@@ -88,8 +95,9 @@ class ServerMetrics:
         self.num_drafts.inc(m.num_drafts - tracker.num_drafts)
         self.num_draft_tokens.inc(m.num_draft_tokens - tracker.num_draft_tokens)
         self.num_accepted_tokens.inc(m.num_accepted_tokens - tracker.num_accepted_tokens)
-        tracker.num_drafts, tracker.num_draft_tokens, tracker.num_accepted_tokens = (
-            m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens
+        self.num_lossy_accepted_tokens.inc(m.num_lossy_accepted_tokens - tracker.num_lossy_accepted_tokens)
+        tracker.num_drafts, tracker.num_draft_tokens, tracker.num_accepted_tokens, tracker.num_lossy_accepted_tokens = (
+            m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.num_lossy_accepted_tokens
         )
         for position, accepted in enumerate(m.num_accepted_tokens_per_pos):
             seen = tracker.accepted_per_pos[position] if position < len(tracker.accepted_per_pos) else 0

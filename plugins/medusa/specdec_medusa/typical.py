@@ -11,8 +11,11 @@ The target's distribution is the request's own (:func:`specdec.logits_to_probs`:
 top-k, top-p), which is Medusa's ``softmax(logits / T)`` for plain temperature sampling. Greedy
 requests keep exact matching, as Medusa does at temperature 0: their output stays lossless.
 
-The core's metrics have no field for tokens accepted by a lossy rule; the method logs a warning
-when typical acceptance is on, and :attr:`MedusaDecodingConfig.lossless` is false.
+Every draft a sampled request keeps under the typical rule counts in
+:attr:`specdec.VerifyResult.num_lossy_accepted` (the metrics' ``num_lossy_accepted_tokens``): no
+lossless rule decides an unseeded draw the same way, so none of them is kept losslessly. The
+method also logs a warning when typical acceptance is on, and
+:attr:`MedusaDecodingConfig.lossless` is false.
 """
 
 from __future__ import annotations
@@ -63,4 +66,5 @@ def _verify(request: Request, proposal: DraftProposal, logits: torch.Tensor, thr
         if (depth, totals[i]) > best_key:
             best, best_key = i, (depth, totals[i])
     path = path_to(best, parents)
-    return VerifyResult(len(path), argmax[best + 1], path if is_tree else None)
+    lossy = 0 if request.params.greedy else len(path)
+    return VerifyResult(len(path), argmax[best + 1], path if is_tree else None, lossy)

@@ -1,5 +1,5 @@
-"""Typical acceptance follows Medusa's rule, is off by default, flagged as not lossless, and keeps
-greedy requests exact."""
+"""Typical acceptance follows Medusa's rule, is off by default, flagged as not lossless (its
+sampled keeps counted as lossy-accepted), and keeps greedy requests exact."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def test_rule_keeps_typical_tokens_and_the_longest_then_likeliest_path() -> None
     logits = _logits(root, peaked, last, peaked, root)
     [result] = typical_verify([_request(SAMPLED)], [proposal], [logits], threshold=0.09, alpha=0.3)
     assert (result.num_accepted, result.accepted_nodes) == (2, [0, 1])
+    assert result.num_lossy_accepted == 2  # a sampled request's typical keeps are all lossy
     assert result.next_token == 2  # the target's argmax after the kept path: the next step's greedy first token
 
     # Two kept paths of depth 2: the likelier one (0.25 * 0.9 over 0.25 * 0.6) wins.
@@ -62,7 +63,7 @@ def test_greedy_requests_match_exactly() -> None:
     logits = _logits([0.1, 0.6, 0.3], [0.3, 0.3, 0.4], [0.5, 0.2, 0.3], [0.2, 0.2, 0.6])
     proposal = DraftProposal([2, 1, 0], parents=[-1, -1, 1])
     [result] = typical_verify([_request(SamplingParams(max_tokens=4))], [proposal], [logits], threshold=1e-9, alpha=1e-9)
-    assert (result.accepted_nodes, result.next_token) == ([1, 2], 2)
+    assert (result.accepted_nodes, result.next_token, result.num_lossy_accepted) == ([1, 2], 2, 0)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +83,11 @@ def test_typical_mode_is_opt_in_flagged_and_runs(setup: tuple, caplog: pytest.Lo
     with caplog.at_level(logging.WARNING, logger="specdec_medusa"), LLM(target.model, config, tokenizer=target.tokenizer) as llm:
         assert "NOT distributed as the target's" in caplog.text
         greedy = SamplingParams(max_tokens=24, ignore_eos=True)
-        assert llm.generate(prompt, greedy)[0].token_ids == plain.generate(prompt, greedy)[0].token_ids
+        exact = llm.generate(prompt, greedy)[0]
+        assert exact.token_ids == plain.generate(prompt, greedy)[0].token_ids
+        assert exact.metrics.num_lossy_accepted_tokens == 0
         torch.manual_seed(0)
         outputs = llm.generate([prompt] * 8, SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True))
     assert all(len(o.token_ids) == 16 for o in outputs)
-    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    accepted = sum(o.metrics.num_accepted_tokens for o in outputs)
+    assert accepted > 0 and sum(o.metrics.num_lossy_accepted_tokens for o in outputs) == accepted

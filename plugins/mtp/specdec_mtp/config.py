@@ -8,10 +8,6 @@ from pydantic import AliasChoices, Field, model_validator
 
 from specdec import DraftingConfig
 
-#: TensorRT-LLM's relaxed-acceptance options: accepted so configs written for it parse, refused when set.
-RELAXED_OPTIONS = ("use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta", "begin_thinking_phase_token",
-                   "end_thinking_phase_token")
-
 
 class MTPDecodingConfig(DraftingConfig):
     """Draft with DeepSeek-V3 multi-token prediction (MTP) layers shipped beside the target's weights."""
@@ -46,22 +42,36 @@ class MTPDecodingConfig(DraftingConfig):
         ),
     )
     use_relaxed_acceptance_for_thinking: bool = Field(
-        default=False, description="TensorRT-LLM's relaxed acceptance inside thinking spans: not implemented yet; must stay false."
+        default=False,
+        description=(
+            "TensorRT-LLM's relaxed acceptance, NOT lossless: inside a thinking span a draft is also kept when it is "
+            "among the target's relaxed_topk tokens and log p(top 1) - log p(draft) <= relaxed_delta; exact outside. "
+            "Default false."
+        ),
     )
-    relaxed_topk: int | None = Field(default=None, description="Relaxed acceptance's top-k: not implemented yet; leave unset.")
-    relaxed_delta: float | None = Field(
-        default=None, description="Relaxed acceptance's log-probability margin: not implemented yet; leave unset."
+    relaxed_topk: int = Field(
+        default=1, ge=1, description="Relaxed acceptance: how many of the target's top tokens a draft may be. Default 1."
+    )
+    relaxed_delta: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Relaxed acceptance: the most a draft's log-probability may trail the top token's. Default 0.0.",
     )
     begin_thinking_phase_token: int | None = Field(
-        default=None, description="Token id opening a thinking span (relaxed acceptance): not implemented yet; leave unset."
+        default=None, ge=0, description="Token id opening a thinking span. Default: the tokenizer's <think>."
     )
     end_thinking_phase_token: int | None = Field(
-        default=None, description="Token id closing a thinking span (relaxed acceptance): not implemented yet; leave unset."
+        default=None, ge=0, description="Token id closing a thinking span. Default: the tokenizer's </think>."
     )
 
+    @property
+    def lossless(self) -> bool:
+        """Whether every request's output is exactly the target's (relaxed acceptance off)."""
+        return not self.use_relaxed_acceptance_for_thinking
+
     @model_validator(mode="after")
-    def _no_relaxed_acceptance(self) -> MTPDecodingConfig:
-        used = [name for name in RELAXED_OPTIONS if getattr(self, name) not in (None, False)]
-        if used:
-            raise ValueError(f"{used[0]}: relaxed acceptance for thinking is not implemented yet; MTP verifies losslessly")
+    def _distinct_thinking_tokens(self) -> MTPDecodingConfig:
+        begin, end = self.begin_thinking_phase_token, self.end_thinking_phase_token
+        if begin is not None and begin == end:
+            raise ValueError(f"end_thinking_phase_token: {end} is also begin_thinking_phase_token; a span needs two tokens")
         return self

@@ -14,10 +14,14 @@ outputs that the next depth has not cached yet, since that depth reads them.
 The target's states come from its own forwards at no extra cost: the prefill covers the prompt,
 and each verify forward covers the last token and the drafts, of which ``accept`` keeps the rows
 of the tokens that stayed.
+
+With relaxed acceptance on, each request also tracks whether its tokens leave a thinking span
+open (:class:`~specdec_mtp.relaxed.ThinkingSpan`), for the plugin's ``specdec_verify``.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +42,9 @@ from specdec.errors import ConfigError, ModelLoadError
 from specdec_mtp.checkpoint import load_mtp_layers
 from specdec_mtp.config import MTPDecodingConfig
 from specdec_mtp.layer import LatentCache, MTPLayer
+from specdec_mtp.relaxed import ThinkingSpan, thinking_tokens
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,11 +59,13 @@ class Depth:
 
 @dataclass
 class MTPState:
-    """One request's depths and the target's final states for positions ``target_start`` on."""
+    """One request's depths, the target's final states for positions ``target_start`` on, and its
+    thinking span when relaxed acceptance is on."""
 
     depths: list[Depth]
     target: list[torch.Tensor]
     target_start: int = 0
+    thinking: ThinkingSpan | None = None
 
 
 def checkpoint_dir(config: MTPDecodingConfig, target: TargetContext) -> Path:
@@ -102,6 +111,17 @@ class MTPResources(ResourceManager):
         self.device = target.device
         self.runner = target.runner
         self.runner.capture_hidden_states = True
+        #: The thinking span's begin and end token ids, when relaxed acceptance is on.
+        self.thinking: tuple[int, int] | None = None
+        if not config.lossless:
+            self.thinking = thinking_tokens(
+                config.begin_thinking_phase_token, config.end_thinking_phase_token, target.tokenizer, target.vocab_size
+            )
+            logger.warning(
+                "MTP relaxed acceptance is on: output inside thinking spans is NOT the target's "
+                "(relaxed_topk=%s, relaxed_delta=%s, thinking tokens %s..%s)",
+                config.relaxed_topk, config.relaxed_delta, *self.thinking,
+            )
 
     def layer(self, depth: int) -> MTPLayer:
         """The layer of draft depth ``depth`` (1-based): the last one past the loaded count."""
@@ -109,7 +129,8 @@ class MTPResources(ResourceManager):
 
     def add_request(self, request: Request) -> None:
         depths = [Depth() for _ in range(self.config.max_draft_len)]
-        request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]])
+        thinking = ThinkingSpan(*self.thinking) if self.thinking else None
+        request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]], thinking=thinking)
 
     def free_request(self, request: Request) -> None:
         request.method_state = None

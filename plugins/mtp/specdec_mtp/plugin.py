@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, TargetContext, VerifyResult, hookimpl
 from specdec_mtp.config import MTPDecodingConfig
 from specdec_mtp.drafter import MTPResources
+from specdec_mtp.relaxed import relaxed_verify
 
 
 @hookimpl
@@ -31,6 +34,17 @@ def specdec_prepare_draft_tokens(
     if not isinstance(config, MTPDecodingConfig):
         return None
     return [resource_manager.propose(r) for r in requests]
+
+
+@hookimpl
+def specdec_verify(
+    config: SpeculativeConfig, requests: list[Request], proposals: list[DraftProposal], target_logits: list[torch.Tensor]
+) -> list[VerifyResult] | None:
+    """Relaxed acceptance inside thinking spans when asked for; otherwise the core's lossless verification."""
+    if not isinstance(config, MTPDecodingConfig) or config.lossless:
+        return None
+    spans = [r.method_state.thinking for r in requests]
+    return relaxed_verify(requests, proposals, target_logits, spans, config.relaxed_topk, config.relaxed_delta)
 
 
 @hookimpl
