@@ -2,8 +2,11 @@
 # The checks a machine with an NVIDIA GPU runs in one go (docs/testing.md):
 #   1. the Triton kernels against the torch path on CUDA tensors (tests/kernels_interpret, compiled);
 #   2. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside;
-#   3. a short `specdec bench` of n-gram and EAGLE-3 on MODEL, a model directory; one without
-#      weights (scripts/random_model.py --no-weights writes one) gets random weights here.
+#   3. a short `specdec bench` of n-gram (summarization, rag) and EAGLE-3 (mt_bench) on MODEL, a
+#      model directory, with captured forwards against eager ones, transformers' peer and its
+#      static-cache plain decoding; a model without weights (scripts/random_model.py
+#      --no-weights writes one) gets random weights here. BENCH_PROMPTS (per category, default 2)
+#      and BENCH_TOKENS (default 128) size it.
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
 #
 # Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
@@ -83,13 +86,18 @@ bench() {
     model="$SITE/random-model"
     "$PYTHON" scripts/random_model.py "$MODEL" "$model" || return 1
   fi
-  local common=(--model "$model" --device "$DEVICE" --dtype bfloat16 --categories writing,coding,summarization,rag
-                --num-prompts 1 --max-turns 1 --max-tokens 64)
+  # Captured forwards (CUDA graphs) are the default on CUDA; `--baseline eager` times plain
+  # decoding without them in the same run, `hf` and `hf-static` transformers' peer and its
+  # static-cache (compiled) plain decoding.
+  local common=(--model "$model" --device "$DEVICE" --dtype bfloat16 --max-turns 1 --max-tokens "${BENCH_TOKENS:-128}"
+                --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}")
   local status=0
-  "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method ngram --json "$LOGS/bench-ngram.json" || status=1
+  "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
+    --baseline none,hf,hf-static,eager --json "$LOGS/bench-ngram.json" || status=1
   # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
   # random_model.py's copy of it do).
   "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
+    --categories writing,roleplay,reasoning,math,coding,extraction,stem,humanities --baseline none,eager \
     --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
   return $status
 }

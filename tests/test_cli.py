@@ -115,22 +115,25 @@ def test_bad_input_from_a_real_process() -> None:
 
 
 def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> None:
-    """`bench` runs plain, speculative and transformers' peer, and writes the summary and a plot."""
+    """`bench` runs plain, speculative, transformers' peer and its static-cache plain decoding,
+    and writes the summary and a plot."""
     data = tmp_path / "prompts.jsonl"
     rows = [{"question_id": i, "category": cat, "turns": [text, "again"]}
             for i, (cat, text) in enumerate([("a", "hello world, hello"), ("b", "abc abc ab"), ("b", "one two one")])]
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "bench.json"
     result = specdec("bench", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--dataset", str(data),
-                     "--max-tokens", "16", "--baseline", "none,hf", "--json", str(out),
+                     "--max-tokens", "16", "--baseline", "none,hf,hf-static,eager", "--json", str(out),
                      # A fixed draft length: the adaptive one may stop drafting on a busy machine.
                      "--set", "adaptive_draft_len=false")
     assert result.returncode == 0, result.stderr
     summary = json.loads(out.read_text())["summary"]
     assert set(summary) == {"a", "b", "overall"}
-    for key in ("speedup", "speedup_vs_hf", "mean_accepted_tokens", "acceptance_rate", "outputs_match"):
+    for key in ("speedup", "speedup_vs_hf", "speedup_vs_hf_static", "mean_accepted_tokens", "acceptance_rate", "outputs_match"):
         assert summary["overall"][key] is not None
     assert summary["overall"]["outputs_match"] == 1.0
+    # On the CPU plain decoding is already eager: the eager baseline would time the same thing.
+    assert "skipping the eager baseline" in " ".join(result.stdout.split()) and "speedup_vs_eager" not in summary["overall"]
     # Per-position acceptance never rises with the position: accepting position i needs i - 1 first.
     per_pos = summary["overall"]["acceptance_rate_per_pos"]
     assert per_pos and all(1 >= a >= b >= 0 for a, b in zip(per_pos, per_pos[1:] + [0]))

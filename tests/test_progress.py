@@ -43,10 +43,10 @@ def test_tables_in_a_log_file_keep_every_column():
     console = log_console(file=io.StringIO(), force_terminal=False)
     assert console.width == LOG_WIDTH
     table = Table()
-    for column in ["category", "turns", "speedup", "95% interval", "vs hf", "hf speedup", "tok/s", "mean acc. tokens",
+    for column in ["category", "turns", "speedup", "95% interval", "vs hf", "tok/s", "mean acc. tokens",
                    "accept rate", "outputs match", "overhead"]:
         table.add_column(column)
-    table.add_row("humanities", "4", "0.66x", "0.62-0.69x", "0.81x", "0.81x", "23.3", "1.48", "12.2%", "25%", "1.1%")
+    table.add_row("humanities", "4", "0.66x", "0.62-0.69x", "0.81x", "23.3", "1.48", "12.2%", "25%", "1.1%")
     console.print(table)
     out = console.file.getvalue()
     assert "…" not in out and "mean acc. tokens" in out and "0.62-0.69x" in out

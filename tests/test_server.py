@@ -9,6 +9,7 @@ one-row, one-slot server (a full queue, then SIGTERM).
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -26,6 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdec import LLM, RequestMetrics, SamplingParams
+from specdec.errors import ConfigError
 from specdec.cli.main import main
 from specdec.requests import RequestDelta
 from specdec.server.metrics import RequestTracker, ServerMetrics
@@ -204,9 +206,27 @@ def test_trtllm_options_file_is_taken_as_it_is(small_server: Server) -> None:
     assert "(ngram, batch 1)" in log
     warnings = [line for line in log.splitlines() if "ignoring" in line]
     assert len(warnings) == 1
-    for key in ("cuda_graph_config", "disable_overlap_scheduler", "enable_attention_dp", "enable_autotuner",
-                "kv_cache_config"):
+    for key in ("disable_overlap_scheduler", "enable_attention_dp", "enable_autotuner", "kv_cache_config"):
         assert key in warnings[0]
+    assert "cuda_graph_config" not in warnings[0]
+
+
+def test_trtllm_file_options_set_how_forwards_run() -> None:
+    """``cuda_graph_config: null`` turns captured forwards off, ``max_seq_len`` caps a request;
+    the command line wins over the file, and a bad value names its key."""
+    from rich.console import Console
+
+    from specdec.cli.serve import _file_options
+
+    quiet = Console(file=io.StringIO())
+    auto = {"execution": "auto", "max_model_len": None}
+    assert _file_options({"cuda_graph_config": None, "max_seq_len": 512}, auto, quiet) == (
+        None, {"execution": "eager", "max_model_len": 512})
+    assert _file_options({"cuda_graph_config": {"max_batch_size": 1}, "max_batch_size": 4}, auto, quiet) == (4, auto)
+    given = {"execution": "compile", "max_model_len": 64}
+    assert _file_options({"cuda_graph_config": None, "max_seq_len": 512}, given, quiet) == (None, given)
+    with pytest.raises(ConfigError, match="max_seq_len: must be a whole number of at least 2"):
+        _file_options({"max_seq_len": "long"}, auto, quiet)
 
 
 def test_completion_matches_offline_greedy(server: Server, offline: LLM) -> None:

@@ -172,3 +172,24 @@ def test_max_model_len_bounds_requests(tiny):
             llm.engine.add_request(list(range(3, 23)), SamplingParams(max_tokens=5))
     with pytest.raises(ConfigError, match="execution: one of"):
         LLM(tiny.model, None, tokenizer=tiny.tokenizer, execution="fast")
+
+
+def test_a_model_that_cannot_be_captured_runs_eagerly_unless_capture_was_asked_for(tiny, monkeypatch, caplog):
+    """Capture chosen by default falls back to the eager runner with a warning when recording
+    fails (a forward that syncs with the host); capture asked for explicitly fails to load."""
+    from specdec.errors import ModelLoadError
+    from specdec.kv_cache import BatchKVCache
+    from specdec.static_forward import StaticForward
+
+    def fail(self, hidden_states, show_progress=True):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StaticForward, "capture_all", fail)
+    runner = ModelRunner(tiny.model, execution="static")
+    runner._chosen_by_default = True  # as "auto" on CUDA
+    runner.prepare(max_rows=2, max_width=3)
+    assert runner.execution == "eager" and "running every forward eagerly" in caplog.text
+    cache = runner.new_batch_cache(1)
+    assert type(cache) is BatchKVCache
+    with pytest.raises(ModelLoadError, match="execution: capturing static forwards failed: RuntimeError"):
+        ModelRunner(tiny.model, execution="static").prepare(max_rows=2, max_width=3)

@@ -126,6 +126,8 @@ class _FoldedMaskCache:
         self._entries: tuple[tuple, ...] = ()
 
     def get(self, mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # no Python state in a compiled graph, which dedups the folds itself
+            return _fold_mask(mask, length, kv_heads, groups)
         version = None if mask.is_inference() else mask._version
         key = (version, length, kv_heads, groups)
         entries = self._entries

@@ -70,7 +70,7 @@ class Engine:
         self.max_queue_size = max_queue_size
         self.method = registry.method_for_config(config)
         self.hook = registry.hook
-        self.target = TargetContext(runner, tokenizer, runner.device, runner.dtype)
+        self.target = TargetContext(runner, tokenizer, runner.device, runner.dtype, max_batch_size)
         self.stops = StopChecker(tokenizer, eos_token_ids(runner.model, tokenizer), runner.max_length)
         self._sync = torch.cuda.synchronize if runner.device.type == "cuda" else None
         try:

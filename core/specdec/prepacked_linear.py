@@ -53,6 +53,8 @@ class PrepackedLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
+        if torch.compiler.is_compiling():  # inductor cannot lower the packed weight; it packs its own
+            return F.linear(input, weight, self.bias)
         if not (
             input.dtype == torch.bfloat16
             and weight.dtype == torch.bfloat16

@@ -20,6 +20,9 @@ class TargetContext:
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype
+    #: The most requests the engine decodes together: a drafter keeping a batch cache of its own
+    #: sizes it so (a static one, ``runner.execution`` not ``eager``, holds that many rows for good).
+    max_batch_size: int = 1
 
     @property
     def model(self) -> torch.nn.Module:

@@ -30,18 +30,22 @@ bfloat16 linear layers on CPU multiply by prepacked weights (:mod:`specdec.prepa
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specdec.attention import use_packed_attention
+from specdec.errors import ModelLoadError
 from specdec.kv_cache import (
     BatchKVCache, attention_layer_types, check_model_supported, context_length, new_kv_cache, sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
 from specdec.static_cache import StaticKVCache
 from specdec.static_forward import StaticForward, resolve_execution, width_buckets
+
+log = logging.getLogger("specdec.runner")
 
 
 @dataclass
@@ -92,6 +96,7 @@ class ModelRunner:
                 raise ValueError(f"max_model_len: at least 2 positions, not {max_model_len}")
             self.max_length = min(self.max_length, max_model_len)
         self.execution = resolve_execution(execution, self.device)
+        self._chosen_by_default = execution == "auto"
         self._static: StaticForward | None = None
         #: The window of the model's sliding-window layers (``None``: it has none), and whether
         #: it also has full-attention layers (then each layer type gets its own mask).
@@ -109,6 +114,7 @@ class ModelRunner:
         """Whether batch forwards take the static-shape path (every mode but ``eager``)."""
         return self.execution != "eager"
 
+    @torch.inference_mode()
     def prepare(self, max_rows: int, max_width: int, show_progress: bool = False) -> None:
         """Size the batch cache for ``max_rows`` requests forwarding up to ``max_width`` tokens
         each (a verify's drafts and the token before them), and record the forward of every
@@ -120,7 +126,16 @@ class ModelRunner:
         self._static = StaticForward(
             self.execution, cache, self._forward_static, _visibility, self._static_layer_masks, self.dtype, self.device, max_width
         )
-        self._static.capture_all(self.capture_hidden_states, show_progress)
+        try:
+            self._static.capture_all(self.capture_hidden_states, show_progress)
+        except Exception as exc:
+            if not self._chosen_by_default:
+                raise ModelLoadError(f"execution: capturing {self.execution} forwards failed: {type(exc).__name__}: {exc}") from exc
+            # A model whose forward syncs with the host (data-dependent shapes, as some
+            # mixture-of-experts routers have) cannot be recorded: it runs eagerly instead.
+            log.warning("capturing %s forwards failed (%s: %s); running every forward eagerly",
+                        self.execution, type(exc).__name__, exc)
+            self.execution, self._static = "eager", None
 
     def new_batch_cache(self, rows: int = 0) -> BatchKVCache:
         """The cache a batch of ``rows`` requests decodes in (rows join later with ``rows=0``).

@@ -187,6 +187,9 @@ class StaticForward:
             if self.mode == "cuda_graph":
                 self._capture(bucket)
             elif self.mode == "compile":
+                # An eager run first allocates the cache's buffers: compiled before, the
+                # graph would guard on their absence and recompile once they exist.
+                self._static_forward(*bucket.inputs, hidden_states)
                 self._run(*bucket.inputs, hidden_states)  # compiles this shape
         return bucket
 

@@ -9,7 +9,10 @@ from typing import Any
 from rich.table import Table
 
 from specdec.bench.interval import TimedPair, speedup_interval
-from specdec.bench.runner import HF, PLAIN, SPEC, TurnResult
+from specdec.bench.runner import EAGER, HF, HF_STATIC, PLAIN, SPEC, TurnResult
+
+#: Optional baselines, each timed beside plain and speculative decoding, and its table heading.
+BASELINE_MODES = {HF: "hf", HF_STATIC: "hf static", EAGER: "eager plain"}
 from specdec.metrics import aggregate, format_rates_per_pos
 
 
@@ -62,11 +65,13 @@ def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
             sum(r.runs[SPEC].tokens == r.runs[PLAIN].tokens for r in results) / len(results) if greedy else None
         ),
     }
-    if results and HF in results[0].runs:
-        hf = _throughput(results, HF)
-        summary["hf_tokens_per_second"] = hf
-        summary["speedup_vs_hf"] = spec / hf if hf else None
-        summary["hf_speedup"] = hf / plain if plain else None
+    for mode in BASELINE_MODES:
+        if results and mode in results[0].runs:
+            other = _throughput(results, mode)
+            summary[f"{mode}_tokens_per_second"] = other
+            summary[f"speedup_vs_{mode}"] = spec / other if other else None
+            # The baseline against plain decoding; for eager, what captured forwards alone give plain decoding.
+            summary[f"{mode}_speedup"] = other / plain if plain else None
     return summary
 
 
@@ -82,10 +87,11 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
-    has_hf = "speedup_vs_hf" in summary["overall"]
+    baselines = [mode for mode in BASELINE_MODES if f"speedup_vs_{mode}" in summary["overall"]]
     has_lossy = summary["overall"]["num_lossy_accepted_tokens"] > 0
     table = Table(title=title)
-    for col in ["category", "turns", "speedup", "95% interval", *(["vs hf", "hf speedup"] if has_hf else []),
+    columns = [f"vs {BASELINE_MODES[mode]}" for mode in baselines]
+    for col in ["category", "turns", "speedup", "95% interval", *columns,
                 "tok/s", "mean acc. tokens", "accept rate", *(["lossy acc."] if has_lossy else []), "by position",
                 "outputs match", "overhead"]:
         table.add_column(col, justify="left" if col == "category" else "right")
@@ -93,8 +99,8 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
         interval = s["speedup_ci95"]
         row = [cat, str(s["num_turns"]), _fmt(s["speedup"], ".2f") + "x",
                f"{interval[0]:.2f}-{interval[1]:.2f}x" if interval else "-"]
-        if has_hf:
-            row += [_fmt(s.get("speedup_vs_hf"), ".2f") + "x", _fmt(s.get("hf_speedup"), ".2f") + "x"]
+        for mode in baselines:
+            row.append(_fmt(s.get(f"speedup_vs_{mode}"), ".2f") + "x")
         match = s["outputs_match"]
         row += [_fmt(s["tokens_per_second"], ".1f"), _fmt(s["mean_accepted_tokens"], ".2f"),
                 _fmt(s["acceptance_rate"], ".1%"), *([str(s["num_lossy_accepted_tokens"])] if has_lossy else []),
@@ -113,8 +119,9 @@ def plot_summary(summary: dict[str, dict[str, Any]], path: Path, title: str) -> 
 
     cats = list(summary)
     series = {"vs plain decoding": [summary[c]["speedup"] or 0 for c in cats]}
-    if "speedup_vs_hf" in summary["overall"]:
-        series["vs transformers' peer"] = [summary[c].get("speedup_vs_hf") or 0 for c in cats]
+    for mode, heading in BASELINE_MODES.items():
+        if f"speedup_vs_{mode}" in summary["overall"]:
+            series[f"vs {heading}"] = [summary[c].get(f"speedup_vs_{mode}") or 0 for c in cats]
     # The speedup's 95% bootstrap interval as an error bar (none where it could not be computed).
     errors = []
     for c in cats:

@@ -1,4 +1,5 @@
-"""Run every prompt plainly, speculatively and (optionally) with transformers' peer, interleaved.
+"""Run every prompt plainly, speculatively and (optionally) with transformers' peer and with plain
+decoding on eager forwards (what CUDA graphs gain), interleaved.
 
 All modes share one loaded model. Before timing, each mode runs once (warm-up). For multi-turn
 prompts every mode answers the same conversation: later turns carry the plain decoding's
@@ -27,7 +28,7 @@ from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
 
-PLAIN, SPEC, HF = "plain", "spec", "hf"
+PLAIN, SPEC, HF, HF_STATIC, EAGER = "plain", "spec", "hf", "hf_static", "eager"
 
 
 @dataclass
@@ -104,13 +105,22 @@ def run_benchmark(
     max_turns: int,
     on_turn: Callable[[TurnResult], None] | None = None,
     repeats: int = 1,
+    eager: LLM | None = None,
+    hf_static: HFPeer | None = None,
 ) -> list[TurnResult]:
+    """Every turn in every mode; ``eager`` (plain decoding with every forward eager) times what
+    the captured forwards of ``plain`` and ``spec`` gain, ``hf_static`` transformers' plain
+    decoding with a static cache (compiled, on CUDA)."""
     runners: dict[str, Callable[[list[int]], Run]] = {
         PLAIN: lambda ids: _run_llm(plain, ids, params),
         SPEC: lambda ids: _run_llm(spec, ids, params),
     }
     if hf is not None:
         runners[HF] = lambda ids: hf.generate(ids, params.max_tokens)
+    if eager is not None:
+        runners[EAGER] = lambda ids: _run_llm(eager, ids, params)
+    if hf_static is not None:
+        runners[HF_STATIC] = lambda ids: hf_static.generate(ids, params.max_tokens)
     spec.warmup()
     warm = plain.encode(questions[0].turns[0], chat=True)
     for run in runners.values():
@@ -146,18 +156,20 @@ def run_batched_benchmark(
     batch_size: int,
     on_turn: Callable[[TurnResult], None] | None = None,
     repeats: int = 1,
+    eager: LLM | None = None,
 ) -> list[TurnResult]:
-    """Throughput of plain and speculative batched decoding on the same batches, interleaved."""
-    for llm in (plain, spec):
+    """Throughput of plain and speculative batched decoding (and ``eager`` plain decoding) on
+    the same batches, interleaved."""
+    llms = {PLAIN: plain, SPEC: spec, **({EAGER: eager} if eager is not None else {})}
+    for llm in llms.values():
         llm.warmup(batch_size)
     warm = plain.encode(questions[0].turns[0], chat=True)
-    for llm in (plain, spec):
+    for llm in llms.values():
         _run_llm_batch(llm, [warm] * min(batch_size, len(questions)), params.model_copy(update={"max_tokens": 8}))
 
     conversations: dict[str, list[dict[str, str]]] = {q.question_id: [] for q in questions}
     categories = list(dict.fromkeys(q.category for q in questions))
     results = []
-    llms = {PLAIN: plain, SPEC: spec}
     order = list(llms)
     batch_index = 0
     for turn in range(max_turns):

@@ -19,7 +19,7 @@ from specdec.llm import LLM
 from specdec.plugins import get_registry
 from specdec.progress import Progress, log_console
 
-BASELINES = {"none", "hf"}
+BASELINES = {"none", "hf", "hf-static", "eager"}
 
 
 @click.command()
@@ -33,7 +33,8 @@ BASELINES = {"none", "hf"}
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--ignore-eos", is_flag=True, help="Generate exactly --max-tokens per turn, as vLLM's benchmarks can: "
               "outputs that differ (bf16) then cannot differ in length.")
-@click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer).")
+@click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer), hf-static (transformers' plain "
+              "decoding with a static cache, compiled on CUDA), eager (plain decoding with no captured forwards).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
               help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
@@ -47,7 +48,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
         raise ConfigError("bench needs --config or --method")
     baselines = {b.strip() for b in baseline.split(",") if b.strip()}
     if baselines - BASELINES:
-        raise ConfigError(f"--baseline: unknown {', '.join(sorted(baselines - BASELINES))}; use none, hf")
+        raise ConfigError(f"--baseline: unknown {', '.join(sorted(baselines - BASELINES))}; use none, hf, hf-static, eager")
     params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens,
                              ignore_eos=ignore_eos)
     questions = load_questions(dataset, categories.split(",") if categories else None, num_prompts)
@@ -58,15 +59,24 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
     with console.status("loading model"):
         plain = LLM(model, None, dtype=dtype, device=device, max_batch_size=batch_size, **runtime)
         spec = LLM(plain.model, config, tokenizer=plain.tokenizer, max_batch_size=batch_size, **runtime)
-    hf = None
-    if "hf" in baselines and batch_size > 1:
-        console.print("[yellow]transformers' assisted generation decodes one sequence at a time; skipping the hf baseline at --batch-size above 1[/]")
+    eager = None
+    if "eager" in baselines and plain.runner.execution == "eager":
+        console.print("[yellow]plain decoding already runs eagerly here; skipping the eager baseline[/]")
+    elif "eager" in baselines:
+        eager = LLM(plain.model, None, tokenizer=plain.tokenizer, max_batch_size=batch_size, execution="eager",
+                    max_model_len=runtime["max_model_len"])
+    hf = hf_static = None
+    if baselines & {"hf", "hf-static"} and batch_size > 1:
+        console.print("[yellow]transformers' assisted generation decodes one sequence at a time; skipping the hf baselines at --batch-size above 1[/]")
     elif "hf" in baselines:
         kwargs = get_registry().hook.specdec_hf_generate_kwargs(config=spec.speculative_config, target=spec.engine.target)
         if kwargs is None:
             console.print(f"[yellow]transformers has no equivalent of {spec.method!r}; skipping the hf baseline[/]")
         else:
             hf = HFPeer(plain, kwargs, params)
+    if "hf-static" in baselines and batch_size == 1:
+        # transformers compiles the forward of a static-cache generate by itself on CUDA.
+        hf_static = HFPeer(plain, {"cache_implementation": "static"}, params)
     total = repeats * sum(min(len(q.turns), max_turns) for q in questions)
     title = f"{spec.method} on {Path(str(plain.model.name_or_path)).name}, {plain.runner.dtype}, {dataset}"
     if batch_size > 1:
@@ -79,9 +89,11 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             progress.update(task, advance=1, description=f"{result.category} #{result.question_id}")
 
         if batch_size > 1:
-            results = run_batched_benchmark(plain, spec, questions, params, max_turns, batch_size, on_turn=advance, repeats=repeats)
+            results = run_batched_benchmark(plain, spec, questions, params, max_turns, batch_size, on_turn=advance, repeats=repeats,
+                                            eager=eager)
         else:
-            results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance, repeats=repeats)
+            results = run_benchmark(plain, spec, hf, questions, params, max_turns, on_turn=advance, repeats=repeats, eager=eager,
+                                    hf_static=hf_static)
     summary = summarize(results, params.greedy)
     console.print(summary_table(summary, title))
     if json_out:
@@ -94,11 +106,13 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "device": str(plain.runner.device),
             "threads": torch.get_num_threads(),
             "prepacked_linears": plain.runner.prepacked_linears,
+            "execution": plain.runner.execution,
             "batch_size": batch_size,
             "repeats": repeats,
             "machine": platform.machine(),
             "sampling": params.model_dump(),
             "hf_kwargs": sorted(hf.kwargs) if hf else None,
+            "baselines": sorted(baselines),
             "summary": summary,
             "turns": [
                 {"question_id": r.question_id, "category": r.category, "turn": r.turn, "round": r.round, "batch": r.batch,

@@ -20,7 +20,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 #: Modules of the ``serve`` extra.
 _SERVE_MODULES = {"fastapi", "starlette", "uvicorn", "prometheus_client"}
 #: Options of a TensorRT-LLM LLM API file that ``serve`` honours; the others are reported as ignored.
-_HONOURED_OPTIONS = ("max_batch_size",)
+_HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len")
 
 
 @click.command()
@@ -47,8 +47,8 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
     """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, Triton
     /v2/models/NAME/generate, /health and Prometheus /metrics.
 
-    --extra_llm_api_options takes trtllm-serve's YAML file as it is: its speculative_config and
-    max_batch_size are used, other keys are reported as ignored.
+    --extra_llm_api_options takes trtllm-serve's YAML file as it is: its speculative_config,
+    max_batch_size, max_seq_len and cuda_graph_config are used, other keys are reported as ignored.
     """
     try:
         from specdec.server.app import create_app
@@ -63,7 +63,7 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config_file:
         config, options = split_llm_api_options(config)
-        file_batch_size = _option_batch_size(options, err)
+        file_batch_size, runtime = _file_options(options, runtime, err)
         max_batch_size = max_batch_size or file_batch_size
     with _bind(host, port) as sock:
         quiet_transformers()
@@ -97,14 +97,26 @@ def _warm_up(llm: LLM, err: Console) -> None:
             status.update(f"warming up: measuring step costs ({done} of {total} batch sizes)")
 
 
-def _option_batch_size(options: dict[str, Any], err: Console) -> int | None:
-    """The LLM API file's ``max_batch_size``; other options are reported, once, as ignored."""
+def _file_options(options: dict[str, Any], runtime: dict[str, Any], err: Console) -> tuple[int | None, dict[str, Any]]:
+    """The LLM API file's ``max_batch_size``, and ``runtime`` with what the file says of it
+    (options given on the command line win): ``cuda_graph_config: null`` runs forwards eagerly
+    (a mapping keeps them captured on CUDA, its fields aside), ``max_seq_len`` caps the tokens of
+    a request. Other options are reported, once, as ignored."""
     ignored = sorted(key for key in options if key not in _HONOURED_OPTIONS)
     if ignored:
         err.print(f"warning: ignoring LLM API options specdec does not use: {', '.join(ignored)}")
-    value = options.get("max_batch_size")
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"max_batch_size: must be a whole number of at least 1, got {value!r}")
+    runtime = dict(runtime)
+    if "cuda_graph_config" in options and options["cuda_graph_config"] is None and runtime["execution"] == "auto":
+        runtime["execution"] = "eager"
+    if options.get("max_seq_len") is not None and runtime["max_model_len"] is None:
+        runtime["max_model_len"] = _whole_number(options, "max_seq_len", minimum=2)
+    return _whole_number(options, "max_batch_size", minimum=1), runtime
+
+
+def _whole_number(options: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = options.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < minimum):
+        raise ConfigError(f"{key}: must be a whole number of at least {minimum}, got {value!r}")
     return value
 
 

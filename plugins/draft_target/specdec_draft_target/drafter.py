@@ -61,16 +61,21 @@ class DraftModel:
     """A causal LM sharing the target's tokenizer, used as a drafter for a batch of requests."""
 
     def __init__(self, model: PreTrainedModel, target_vocab_size: int, confidence_threshold: float = 0.0,
-                 vocab: torch.Tensor | None = None) -> None:
+                 vocab: torch.Tensor | None = None, execution: str = "eager", max_rows: int = 1,
+                 max_model_len: int | None = None) -> None:
         """``vocab``, when given, holds the only token ids the draft may propose (in id order):
-        the output layer keeps only their rows (:mod:`specdec_draft_target.draft_vocab`)."""
+        the output layer keeps only their rows (:mod:`specdec_draft_target.draft_vocab`).
+        ``execution``, ``max_rows`` and ``max_model_len`` size and run the draft's batch cache
+        as the target's (:class:`~specdec.runner.ModelRunner`): with CUDA graphs, a drafting
+        step's one-token forwards are captured for every batch size up to ``max_rows``."""
         if vocab is not None:
             trim_output_layer(model, vocab)
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, execution=execution, max_model_len=max_model_len)
+        self.runner.prepare(max_rows, 1)
         self.target_vocab_size = target_vocab_size
         self.vocab = vocab.to(self.runner.device) if vocab is not None else None
         self.confidence_threshold = confidence_threshold
-        self.cache = self.runner.new_cache(rows=0)
+        self.cache = self.runner.new_batch_cache()
         #: Request ids of the cache's rows, in row order.
         self.rows: list[int] = []
         #: Seconds spent so far bringing rows up to date: prefilling a request's row, and feeding
@@ -87,7 +92,8 @@ class DraftModel:
     def free(self, request: Request) -> None:
         """A request has ended. Its row leaves at the next step's sync (one copy of the cache for
         every request that left since); once no request is left, the cache goes at once, so a
-        finished ``generate`` holds no draft KV memory."""
+        finished ``generate`` holds no draft KV memory (but for a static cache's buffers, which
+        its captured forwards write to)."""
         self._live.discard(request.request_id)
         if not self._live:
             self.release()
@@ -155,7 +161,7 @@ class DraftModel:
         return [DraftProposal(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
 
     def release(self) -> None:
-        self.cache = self.runner.new_cache(rows=0)
+        self.cache = self.runner.new_batch_cache()
         self.rows = []
 
     def _sync_rows(self, requests: list[Request], states: list[DraftState]) -> None:

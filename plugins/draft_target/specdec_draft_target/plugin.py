@@ -102,7 +102,8 @@ def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
     model = load_draft(config, target)
-    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold, draft_vocabulary(config, target))
+    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold, draft_vocabulary(config, target),
+                         target.runner.execution, target.max_batch_size, target.runner.max_length)
     return DraftTargetResources(drafter)
 
 
