@@ -6,7 +6,8 @@
 #      model directory, with captured forwards against eager ones, transformers' peer and its
 #      static-cache plain decoding; a model without weights (scripts/random_model.py
 #      --no-weights writes one) gets random weights here. BENCH_PROMPTS (per category, default 2)
-#      and BENCH_TOKENS (default 128) size it.
+#      and BENCH_TOKENS (default 128) size it; then the host syncs per decoding step
+#      (scripts/count_host_syncs.py).
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
 #
 # Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
@@ -99,6 +100,9 @@ bench() {
   "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
     --categories writing,roleplay,reasoning,math,coding,extraction,stem,humanities --baseline none,eager \
     --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
+  # Host syncs per decoding step, and where they come from.
+  "$PYTHON" scripts/count_host_syncs.py "$model" > "$LOGS/host-syncs.log" || status=1
+  cat "$LOGS/host-syncs.log"
   return $status
 }
 
