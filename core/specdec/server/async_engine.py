@@ -152,19 +152,25 @@ class AsyncEngine:
         """Run the commands in order; ``False`` once told to stop (everything is aborted then)."""
         deliveries: list[tuple[RequestStream, RequestDelta]] = []
         for kind, *args in commands:
-            if kind == "add":
-                self._add(*args)
-            elif kind == "abort":
-                request_id = self._streams.get(args[0])
-                delta = self.engine.abort(request_id) if request_id is not None else None
-                if delta is not None:
-                    deliveries.extend(self._record([delta]))
-            else:  # abort_all, stop
-                aborted = [self.engine.abort(request_id) for request_id in list(self._active)]
-                deliveries.extend(self._record([delta for delta in aborted if delta is not None]))
-                if kind == "stop":
-                    self._deliver(deliveries)
-                    return False
+            try:
+                if kind == "add":
+                    self._add(*args)
+                elif kind == "abort":
+                    request_id = self._streams.get(args[0])
+                    delta = self.engine.abort(request_id) if request_id is not None else None
+                    if delta is not None:
+                        deliveries.extend(self._record([delta]))
+                else:  # abort_all, stop
+                    aborted = [self.engine.abort(request_id) for request_id in list(self._active)]
+                    deliveries.extend(self._record([delta for delta in aborted if delta is not None]))
+            except Exception as exc:
+                # One command failing leaves the others of the batch to run; an add is answered.
+                logger.exception("the engine could not %s a request", kind)
+                if kind == "add":
+                    self._call(_settle, args[1], EngineFailure(f"adding the request failed: {type(exc).__name__}: {exc}"))
+            if kind == "stop":
+                self._deliver(deliveries)
+                return False
         self._deliver(deliveries)
         return True
 
@@ -217,12 +223,15 @@ class AsyncEngine:
         self.metrics.set_load(self.engine.num_running, self.engine.num_waiting)
 
     def _fail_all(self, failure: EngineFailure) -> None:
-        """End every request the thread added with ``failure`` (their rows freed if possible)."""
+        """End every request the thread added with ``failure`` (their rows freed if possible),
+        counted in the metrics as ended with an error."""
+        now = time.monotonic()
         for request_id, active in list(self._active.items()):
             try:
                 self.engine.abort(request_id)
             except Exception:
                 logger.exception("could not abort request %d", request_id)
+            self.metrics.observe_failure(active.tracker, now)
             self._call(active.stream._push, failure)
         self._active.clear()
         self._streams.clear()

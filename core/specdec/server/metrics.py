@@ -108,6 +108,12 @@ class ServerMetrics:
             self._request_success.labels(self.model_name, str(delta.finish_reason)).inc()
             self.e2e.observe(now - tracker.arrival)
 
+    def observe_failure(self, tracker: RequestTracker, now: float) -> None:
+        """Count a request the engine could not finish (its thread or a step failed) as ended
+        with an error."""
+        self._request_success.labels(self.model_name, "error").inc()
+        self.e2e.observe(now - tracker.arrival)
+
     def set_load(self, running: int, waiting: int) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
