@@ -302,6 +302,21 @@ def test_triton_generate_as_the_tutorial_sends_it(server: Server, offline: LLM) 
     assert bad.status_code == 400 and "top_p" in bad.json()["error"]
 
 
+def test_triton_generate_stream_sends_each_increment(server: Server, offline: LLM) -> None:
+    """generate_stream answers server-sent events, one per text increment (no prompt echo), that
+    add up to the greedy output, the speculation metrics on the last; errors are Triton's."""
+    url = f"{server.url}/v2/models/tensorrt_llm/generate_stream"
+    body = '{"text_input": "What is ML?", "sampling_param_max_tokens": 30, "sampling_param_return_perf_metrics": true}'
+    with httpx.stream("POST", url, content=body, timeout=60) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in reply.iter_lines() if line.startswith("data: ")]
+    assert len(events) > 1 and all(e["model_name"] == "tensorrt_llm" for e in events)
+    assert "".join(e["text_output"] for e in events) == _greedy(offline, "What is ML?", 30)
+    assert "acceptance_rate" in events[-1] and "acceptance_rate" not in events[0]
+    bad = httpx.post(url, content='{"text_input": "x", "sampling_param_top_p": 2}', timeout=60)
+    assert bad.status_code == 400 and "top_p" in bad.json()["error"]
+
+
 def test_lossy_accepted_counter_moves_by_each_deltas_increase() -> None:
     """``specdec:spec_decode_num_lossy_accepted_tokens`` adds what each delta's cumulative count
     adds, as the vLLM counters beside it do."""
