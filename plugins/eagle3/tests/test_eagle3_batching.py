@@ -7,8 +7,8 @@ import random
 import torch
 from torch.utils.data import Subset
 
-from specdec_eagle3.training.batching import LengthGroupedBatches, conversation_lengths
-from specdec_eagle3.training.distributed import World
+from specdec.training.batching import LengthGroupedBatches, conversation_lengths
+from specdec.training.distributed import World
 
 _RNG = random.Random(0)
 LENGTHS = [_RNG.randint(50, 750) for _ in range(1003)]

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from specdec_eagle3.training.distributed import (
+from specdec.training.distributed import (
     World,
     average_gradients,
     broadcast_parameters,

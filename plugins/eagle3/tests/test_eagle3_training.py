@@ -15,12 +15,14 @@ from specdec.errors import ConfigError
 from specdec.training.synthesize import read_conversations
 from specdec_eagle3 import load_head
 from specdec.training.conversations import tokenize_all
-from specdec_eagle3.training.distributed import World
+from specdec.training.distributed import World
 from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import (FitOptions, evaluate, export, fit, new_head, with_draft_vocabulary,
                                           with_more_layers)
 from specdec_eagle3.training.ttt import chain_walk, ttt_forward
-from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget, collate
+from specdec.training.batching import collate
+from specdec.training.examples import ExampleDataset
+from specdec_eagle3.training.sources import OfflineTarget, OnlineTarget
 from specdec.training.token_frequency import token_counts
 from specdec_eagle3.training.vocab import calibrate
 

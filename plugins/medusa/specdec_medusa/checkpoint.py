@@ -3,7 +3,10 @@
 - FasterDecoding (the Medusa repository): ``config.json`` with ``medusa_num_heads``,
   ``medusa_num_layers`` and ``base_model_name_or_path``; ``medusa_lm_head.safetensors`` or
   ``medusa_lm_head.pt`` with ``{i}.{j}.linear.weight`` / ``{i}.{j}.linear.bias`` (block ``j`` of
-  head ``i``) and ``{i}.{num_layers}.weight`` (the head's vocabulary projection, no bias).
+  head ``i``) and ``{i}.{num_layers}.weight`` (the head's vocabulary projection, no bias). specdec's
+  own extension: with ``"medusa_shared_lm_head": true`` in ``config.json`` (``specdec train medusa
+  --share-lm-head``) the projections are absent and every head projects through the target's
+  own output layer, which the caller passes as ``target_lm_head``.
 - vLLM: ``config.json`` with ``num_heads``, ``num_hidden_layers``, ``hidden_size``,
   ``vocab_size`` and optionally ``truncated_vocab_size``, ``medusa_fc_bias`` and
   ``original_lm_head``; weights ``blocks.{h}.layers.{l}.weight`` (``.bias`` with
@@ -39,17 +42,29 @@ class HeadSpec:
     num_heads: int
     num_layers: int
     bias: bool
+    #: vLLM's ``original_lm_head``: one projection in the file, used by every head.
     shared_lm_head: bool
+    #: specdec's ``medusa_shared_lm_head``: no projection in the file; the heads use the target's.
+    target_lm_head: bool
     head_vocab_size: int | None
     hidden_size: int | None
     vocab_size: int | None
 
 
-def load_heads(source: str | Path, hidden_size: int, vocab_size: int, num_heads: int | None = None) -> MedusaHeads:
+def load_heads(source: str | Path, hidden_size: int, vocab_size: int, num_heads: int | None = None,
+               target_lm_head: torch.Tensor | None = None) -> MedusaHeads:
     """The first ``num_heads`` heads (all by default) of the checkpoint in directory ``source``,
-    checked against a target of ``hidden_size`` and ``vocab_size``."""
+    checked against a target of ``hidden_size`` and ``vocab_size``.
+
+    :param target_lm_head: the target's output weight ``[vocab_size, hidden_size]``, which heads
+        saved with ``"medusa_shared_lm_head": true`` project through (shared, not copied).
+    """
     directory = Path(source)
     spec = _read_spec(directory)
+    if spec.target_lm_head and target_lm_head is None:
+        raise _fail(directory, "config.json: medusa_shared_lm_head is true, so the heads need the target's lm_head")
+    if spec.target_lm_head and tuple(target_lm_head.shape) != (vocab_size, hidden_size):
+        raise _fail(directory, f"the target's lm_head has shape {list(target_lm_head.shape)}, expected {[vocab_size, hidden_size]}")
     if num_heads is not None and num_heads > spec.num_heads:
         raise ConfigError(f"num_medusa_heads: {num_heads} requested, the checkpoint {str(directory)!r} has {spec.num_heads} heads")
     for field, declared, actual in (("hidden_size", spec.hidden_size, hidden_size), ("vocab_size", spec.vocab_size, vocab_size)):
@@ -59,7 +74,8 @@ def load_heads(source: str | Path, hidden_size: int, vocab_size: int, num_heads:
     used = num_heads or spec.num_heads
     token_map = _token_map(tensors, spec, vocab_size, directory)
     head_vocab = spec.head_vocab_size or vocab_size
-    heads = MedusaHeads(used, spec.num_layers, hidden_size, head_vocab, spec.bias, token_map)
+    shared = target_lm_head if spec.target_lm_head else None
+    heads = MedusaHeads(used, spec.num_layers, hidden_size, head_vocab, spec.bias, token_map, shared)
     for h in range(used):
         for layer in range(spec.num_layers):
             linear = heads.blocks[h][layer].linear
@@ -67,8 +83,9 @@ def load_heads(source: str | Path, hidden_size: int, vocab_size: int, num_heads:
             linear.weight.data = _tensor(tensors, weight, (hidden_size, hidden_size), directory)
             if spec.bias:
                 linear.bias.data = _tensor(tensors, bias, (hidden_size,), directory)
-        lm_head = _lm_head_name(spec, h)
-        heads.lm_heads[h].weight.data = _tensor(tensors, lm_head, (head_vocab, hidden_size), directory, vocab=True)
+        if not spec.target_lm_head:
+            lm_head = _lm_head_name(spec, h)
+            heads.lm_heads[h].weight.data = _tensor(tensors, lm_head, (head_vocab, hidden_size), directory, vocab=True)
     return heads.eval()
 
 
@@ -83,17 +100,25 @@ def _read_spec(directory: Path) -> HeadSpec:
     if "medusa_num_heads" in raw:
         return HeadSpec(
             "fasterdecoding", _positive(raw, "medusa_num_heads", directory), _positive(raw, "medusa_num_layers", directory, 1),
-            bias=True, shared_lm_head=False, head_vocab_size=None, hidden_size=None, vocab_size=None,
+            bias=True, shared_lm_head=False, target_lm_head=_flag(raw, "medusa_shared_lm_head", directory),
+            head_vocab_size=None, hidden_size=None, vocab_size=None,
         )
     if "num_heads" in raw:
         vocab = _positive(raw, "vocab_size", directory)
         return HeadSpec(
             "vllm", _positive(raw, "num_heads", directory), _positive(raw, "num_hidden_layers", directory, 1),
-            bias=bool(raw.get("medusa_fc_bias", False)), shared_lm_head=bool(raw.get("original_lm_head", False)),
+            bias=bool(raw.get("medusa_fc_bias", False)), shared_lm_head=bool(raw.get("original_lm_head", False)), target_lm_head=False,
             head_vocab_size=_positive(raw, "truncated_vocab_size", directory, vocab), hidden_size=_positive(raw, "hidden_size", directory),
             vocab_size=vocab,
         )
     raise _fail(directory, "config.json has neither medusa_num_heads (FasterDecoding) nor num_heads (vLLM)")
+
+
+def _flag(raw: dict[str, Any], field: str, directory: Path) -> bool:
+    value = raw.get(field, False)
+    if not isinstance(value, bool):
+        raise _fail(directory, f"config.json: {field} must be true or false, got {value!r}")
+    return value
 
 
 def _positive(raw: dict[str, Any], field: str, directory: Path, default: int | None = None) -> int:
@@ -156,7 +181,9 @@ def _tensor(
     tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], directory: Path, vocab: bool = False
 ) -> torch.Tensor:
     if name not in tensors:
-        raise _fail(directory, f"tensor {name!r} is missing")
+        hint = (" (a head's vocabulary projection; heads trained to use the target's lm_head say so with "
+                '"medusa_shared_lm_head": true in config.json)') if vocab and name[0].isdigit() else ""
+        raise _fail(directory, f"tensor {name!r} is missing{hint}")
     tensor = tensors[name]
     if tuple(tensor.shape) != shape:
         what = "the target's hidden size and the heads' vocabulary" if vocab else "the target's hidden size"

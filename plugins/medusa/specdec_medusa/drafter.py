@@ -49,7 +49,8 @@ class MedusaResources(ResourceManager):
         if not config.speculative_model:
             raise ConfigError("speculative_model: required, the directory of the Medusa heads")
         model_config = target.model.config
-        heads = load_heads(config.speculative_model, int(model_config.hidden_size), target.vocab_size, config.num_medusa_heads)
+        heads = load_heads(config.speculative_model, int(model_config.hidden_size), target.vocab_size, config.num_medusa_heads,
+                           target.model.get_output_embeddings().weight)
         self.tree = _fit_tree(config, heads.num_heads)
         self.parents = parents_of_paths(self.tree)
         self.depth = max(len(node) for node in self.tree)

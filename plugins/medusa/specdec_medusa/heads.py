@@ -26,22 +26,35 @@ class ResidualBlock(nn.Module):
 class MedusaHeads(nn.Module):
     """``num_heads`` heads of ``num_layers`` residual blocks each and a bias-free projection
     onto ``head_vocab_size`` tokens; ``token_map`` (vLLM's truncated vocabulary) maps a head's
-    token index to the target's id, ``None`` when the heads cover the whole vocabulary."""
+    token index to the target's id, ``None`` when the heads cover the whole vocabulary.
+
+    With ``shared_lm_head`` (the target's own output weight ``[vocab, hidden]``) every head
+    projects through that one frozen layer and is its residual blocks only: a separate projection
+    per head costs a whole vocabulary matrix (28M parameters for SmolLM2-135M).
+    """
 
     def __init__(
         self, num_heads: int, num_layers: int, hidden_size: int, head_vocab_size: int, bias: bool = True,
-        token_map: torch.Tensor | None = None,
+        token_map: torch.Tensor | None = None, shared_lm_head: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResidualBlock(hidden_size, bias) for _ in range(num_layers))) for _ in range(num_heads)
         )
-        self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, head_vocab_size, bias=False) for _ in range(num_heads))
+        #: Whether the heads project through the target's output layer (``shared_lm_head``).
+        self.uses_target_lm_head = shared_lm_head is not None
+        if shared_lm_head is None:
+            self.lm_heads = nn.ModuleList(nn.Linear(hidden_size, head_vocab_size, bias=False) for _ in range(num_heads))
+        else:
+            shared = nn.Linear(hidden_size, head_vocab_size, bias=False, device="meta")
+            shared.weight = nn.Parameter(shared_lm_head.detach(), requires_grad=False)
+            self.lm_heads = nn.ModuleList([shared] * num_heads)
         self.register_buffer("token_map", token_map, persistent=False)
 
     @property
     def num_heads(self) -> int:
         return len(self.blocks)
+
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head logits ``[num_heads, N, head_vocab_size]`` (float32) for hidden states ``[N, hidden]``."""

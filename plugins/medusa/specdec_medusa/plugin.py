@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import click
 import torch
 
 from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, TargetContext, VerifyResult, hookimpl
@@ -52,3 +53,10 @@ def specdec_accept(
     if isinstance(config, MedusaDecodingConfig):
         for request, result in zip(requests, results):
             resource_manager.commit(request, result)
+
+
+@hookimpl
+def specdec_train_commands() -> list[click.Command]:
+    from specdec_medusa.training.cli import medusa
+
+    return [medusa]

@@ -16,16 +16,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
-from specdec.training.conversations import tokenize_all
-from specdec.training.synthesize import read_conversations
+from specdec.training.distributed import every_rank, join, leave
+from specdec.training.examples import ExampleDataset, load_examples
 from specdec.training.token_frequency import coverage, token_counts
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
-from specdec_eagle3.training.distributed import every_rank, join, leave
 from specdec_eagle3.training.dump import DumpDataset, check_same_target, write_dump
 from specdec_eagle3.training.loop import (FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary,
                                           with_more_layers)
-from specdec_eagle3.training.sources import ExampleDataset, OfflineTarget, OnlineTarget
+from specdec_eagle3.training.sources import OfflineTarget, OnlineTarget
 from specdec_eagle3.training.vocab import calibrate
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,15 +45,6 @@ def _layers(option: str | None, num_layers: int) -> tuple[int, ...]:
         raise ConfigError(f"--layers: need distinct layers in 0..{num_layers - 1} for this {num_layers}-layer target{hint}, "
                           f"got {list(layers)}")
     return layers
-
-
-def _examples(data: tuple[str, ...], tokenizer: Any, max_length: int, limit: int | None, option: str = "--data",
-              purpose: str = "train on") -> list[Any]:
-    records = [r for path in data for r in read_conversations(path)][: limit or None]
-    examples = tokenize_all(records, tokenizer, max_length)
-    if not examples:
-        raise ConfigError(f"{option}: no conversation has an assistant reply to {purpose}")
-    return examples
 
 
 def _progress(console: Console, label: str, *fields: str) -> Progress:
@@ -103,7 +93,7 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
     with console.status("loading the target and the data"):
         target, tokenizer = load_model(model, dtype, device)
         fused = _layers(layers, int(target.config.num_hidden_layers))
-        examples = _examples(data, tokenizer, max_length, limit)
+        examples = load_examples(data, tokenizer, max_length, limit)
     with _progress(console, "dumping", "{task.fields[tokens]} tokens") as progress:
         task = progress.add_task("dump", total=len(examples), tokens=0)
         seen = {"tokens": 0}
@@ -205,9 +195,9 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                 target, tokenizer = load_model(model, dtype, world.device)
                 target_config = json.loads(target.config.to_json_string())
                 fused = _layers(layers, int(target.config.num_hidden_layers))
-                dataset = ExampleDataset(_examples(data, tokenizer, max_length, None))
+                dataset = ExampleDataset(load_examples(data, tokenizer, max_length, None))
                 if heldout_data:
-                    held_out = ExampleDataset(_examples(heldout_data, tokenizer, max_length, None, "--heldout-data",
+                    held_out = ExampleDataset(load_examples(heldout_data, tokenizer, max_length, None, "--heldout-data",
                                                         "measure agreement on"))
                 verifier = model or "HuggingFaceTB/SmolLM2-135M-Instruct"
                 weights = {"norm.weight": target.model.norm.weight, "lm_head.weight": target.get_output_embeddings().weight}

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from specdec.errors import ConfigError
+from specdec.training.batching import pad
 from specdec.training.conversations import Example
 
 FORMAT = "specdec-eagle3-dump"
@@ -66,11 +67,6 @@ def _batches(examples: list[Example], batch_size: int) -> Iterator[list[Example]
     ordered = sorted(examples, key=lambda e: len(e.input_ids))
     for start in range(0, len(ordered), batch_size):
         yield ordered[start : start + batch_size]
-
-
-def pad(tensors: list[torch.Tensor], value: float | bool = 0) -> torch.Tensor:
-    """Right-pad ``[T, ...]`` tensors to the longest: ``[B, T_max, ...]``."""
-    return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=value)
 
 
 def write_dump(

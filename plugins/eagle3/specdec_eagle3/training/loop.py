@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -12,11 +11,11 @@ import torch
 from transformers import LlamaConfig
 
 from specdec.errors import ConfigError
+from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
+from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
+from specdec.training.schedule import warmup_cosine
 from specdec_eagle3.checkpoint import save_head
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
-from specdec_eagle3.training.batching import LengthGroupedBatches, conversation_lengths
-from specdec_eagle3.training.distributed import World, average_gradients, broadcast_parameters, sum_across
-from specdec_eagle3.training.sources import collate
 from specdec_eagle3.training.ttt import TTTResult, agreement, chain_walk, ttt_forward
 
 #: Target config fields the head's decoder layer copies (attention shape, MLP, norms, RoPE, vocabulary).
@@ -153,16 +152,6 @@ class StepReport:
     heldout: Evaluation | None = None
 
 
-def _schedule(options: FitOptions) -> Callable[[int], float]:
-    """Linear warm-up, then cosine decay to a tenth of the peak rate."""
-    def factor(step: int) -> float:
-        if step < options.warmup:
-            return (step + 1) / options.warmup
-        progress = (step - options.warmup) / max(1, options.steps - options.warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    return factor
-
-
 def fit(
     head: Eagle3Head,
     source: Any,
@@ -187,7 +176,7 @@ def fit(
     source.use_draft_vocabulary(head.draft_to_target())
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(options))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(options.steps, options.warmup))
     sampler: LengthGroupedBatches | torch.utils.data.DistributedSampler
     if options.group_by_length:
         sampler = LengthGroupedBatches(conversation_lengths(dataset), options.batch_size, world, options.seed)

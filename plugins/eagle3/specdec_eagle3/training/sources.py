@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from specdec_eagle3.training.dump import pad, target_states
+from specdec_eagle3.training.dump import target_states
 
 
 @dataclass
@@ -23,15 +23,6 @@ class TargetSignals:
     features: torch.Tensor
     draft_logits: torch.Tensor
     target_argmax: torch.Tensor
-
-
-def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right-pad a list of per-conversation tensors into a batch (masks pad with False)."""
-    batch = {}
-    for name, first in items[0].items():
-        tensors = [item[name] for item in items]
-        batch[name] = torch.stack(tensors) if first.dim() == 0 else pad(tensors, False if first.dtype == torch.bool else 0)
-    return batch
 
 
 class OfflineTarget:
@@ -82,24 +73,3 @@ class OnlineTarget:
         logits = F.linear(states["final_hidden"].float(), self.draft_rows)
         return TargetSignals(ids, batch["loss_mask"].to(self.device), states["features"].float(), logits,
                              states["target_argmax"])
-
-
-class ExampleDataset(torch.utils.data.Dataset):
-    """Tokenized conversations for online training."""
-
-    def __init__(self, examples: list[Any]) -> None:
-        self.examples = examples
-        #: Each conversation's ``conversation_id``, in dataset order (as ``DumpDataset.ids``).
-        self.ids = [e.conversation_id for e in examples]
-        #: Each conversation's length in tokens (as ``DumpDataset.lengths``).
-        self.lengths = [len(e.input_ids) for e in examples]
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
-        e = self.examples[item]
-        return {"input_ids": e.input_ids, "loss_mask": e.loss_mask, "length": torch.tensor(len(e.input_ids))}
-
-    def sequences(self) -> Any:
-        return ((e.input_ids, e.loss_mask) for e in self.examples)

@@ -1,6 +1,6 @@
-"""Which conversations train together: shuffled batches, or batches of similar length.
+"""Which conversations train together (batches of similar length), and how a batch is padded.
 
-A batch is right-padded to its longest conversation, and the head computes every padded
+A batch is right-padded to its longest conversation, and a drafter computes every padded
 position. Batched at random, the shipped head's training conversations (50 to 750 tokens)
 make about a fifth of the positions padding; batches of similar length waste little (as
 ``group_by_length`` in Hugging Face's Trainer).
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Dataset, Subset
 
-from specdec_eagle3.training.distributed import World
+from specdec.training.distributed import World
 
 
 class LengthGroupedBatches(torch.utils.data.Sampler[list[int]]):
@@ -75,3 +75,17 @@ def conversation_lengths(dataset: Dataset) -> list[int]:
         lengths = conversation_lengths(dataset.dataset)
         return [lengths[i] for i in dataset.indices]
     return list(dataset.lengths)
+
+
+def pad(tensors: list[torch.Tensor], value: float | bool = 0) -> torch.Tensor:
+    """Right-pad ``[T, ...]`` tensors to the longest: ``[B, T_max, ...]``."""
+    return torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=value)
+
+
+def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pad a list of per-conversation tensors into a batch (masks pad with False, scalars stack)."""
+    batch = {}
+    for name, first in items[0].items():
+        tensors = [item[name] for item in items]
+        batch[name] = torch.stack(tensors) if first.dim() == 0 else pad(tensors, False if first.dtype == torch.bool else 0)
+    return batch

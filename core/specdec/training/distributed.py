@@ -6,6 +6,7 @@ group (NCCL on CUDA, gloo on CPU), reads its own share of the batches (``LengthG
 or ``DistributedSampler`` without length grouping), averages gradients with the others after
 every backward (all-reduce) and starts from rank 0's weights; only rank 0 shows progress and
 writes checkpoints. A plain ``specdec`` run is one process and never touches a process group.
+Shared by the training commands of every method plugin (EAGLE-3, Medusa).
 """
 
 from __future__ import annotations

@@ -1,0 +1,131 @@
+"""Medusa-1's objective on a batch of the target's final states, computed where it counts.
+
+Head ``k`` (0-based) reads the target's final normed state at position ``t`` (the state the
+target's own ``lm_head`` turns into token ``t + 1``) and learns token ``t + k + 2``, the draft at
+depth ``k + 1`` (as :mod:`specdec_medusa.drafter` uses it). The data's tokens are the target's
+own greedy replies, so that token is what the target would write there. A position counts only
+where that token is an assistant token (``loss_mask``), which also rules out padding.
+
+Head ``k``'s loss is its mean cross-entropy over its positions, weighted by ``decay ** k`` (0.8 in
+the Medusa paper): later heads are right less often and matter less, since a draft counts only
+after every earlier one was accepted.
+
+The vocabulary projection dominates the cost (49,152 x 576 per position and head for SmolLM2),
+so the positions are gathered before the heads run, and each head runs over ``chunk`` positions
+at a time. With ``backward=True`` each chunk's loss is back-propagated at once: the target's
+states are constants, so the chunks' gradients simply add up, and at most one chunk's logits
+(``chunk x vocab`` floats) are alive at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from specdec_medusa.heads import MedusaHeads
+
+
+@dataclass
+class HeadScores:
+    """Per head: summed cross-entropy, top-1 hits and positions scored (over a batch or more)."""
+
+    loss_sums: list[float]
+    correct: list[int]
+    counts: list[int]
+    #: ``[B, T, heads]``: head ``k`` at position ``t`` predicted token ``t + k + 2`` (when asked for).
+    hits: torch.Tensor | None = None
+    #: ``[B, T, heads]``: where head ``k`` at position ``t`` was scored (when asked for).
+    scored: torch.Tensor | None = None
+
+    def losses(self) -> list[float]:
+        """Each head's mean cross-entropy (0 where it scored nothing)."""
+        return [s / n if n else 0.0 for s, n in zip(self.loss_sums, self.counts)]
+
+    def accuracies(self) -> list[float]:
+        """Each head's top-1 accuracy (0 where it scored nothing)."""
+        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
+
+    def weighted_loss(self, decay: float) -> float:
+        """The training objective's value: ``sum_k decay ** k * mean loss of head k``."""
+        return sum(decay**k * loss for k, loss in enumerate(self.losses()))
+
+
+def shifted(x: torch.Tensor, k: int, fill: int | bool = 0) -> torch.Tensor:
+    """``x`` moved ``k`` positions left along dim 1 (``out[:, t] = x[:, t + k]``), ``fill`` at the end."""
+    out = torch.full_like(x, fill)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
+                decay: float = 0.8, chunk: int = 1024, backward: bool = False, bf16: bool = False,
+                keep_hits: bool = False) -> HeadScores:
+    """Every head's loss and top-1 hits over a right-padded batch.
+
+    :param hidden: ``[B, T, hidden]`` the target's final normed states (no gradient).
+    :param input_ids: ``[B, T]`` tokens; ``loss_mask`` ``[B, T]`` marks assistant tokens (False on padding).
+    :param backward: back-propagate ``decay ** k * loss_k`` chunk by chunk (training).
+    :param bf16: the heads' matrix products and softmax in bfloat16 (autocast; weights and the summed
+        losses stay float32).
+    :param keep_hits: also return per-position hits (:attr:`HeadScores.hits`), for evaluation.
+    """
+    mask = loss_mask.bool()
+    scores = HeadScores([], [], [])
+    if keep_hits:
+        scores.hits = torch.zeros(*mask.shape, heads.num_heads, dtype=torch.bool, device=mask.device)
+        scores.scored = torch.zeros_like(scores.hits)
+    for k in range(heads.num_heads):
+        scored = shifted(mask, k + 2, False)
+        labels = shifted(input_ids, k + 2)[scored]
+        states = hidden[scored]
+        count = int(labels.numel())
+        loss_sum, correct, hit_list = 0.0, 0, []
+        for start in range(0, count, chunk):
+            with torch.autocast(hidden.device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits = heads.lm_heads[k](heads.blocks[k](states[start : start + chunk].float()))
+            want = labels[start : start + chunk]
+            # In bfloat16 mode the softmax runs on the bfloat16 logits too: a quarter faster on a CPU
+            # than on float32 copies (chunk x vocab floats each), and the gradient is no coarser than
+            # the products that made the logits.
+            loss = F.cross_entropy(logits if bf16 else logits.float(), want, reduction="none").float().sum()
+            if backward:
+                (loss * (decay**k / count)).backward()
+            loss_sum += float(loss.detach())
+            hit = logits.detach().argmax(-1) == want
+            correct += int(hit.sum())
+            hit_list.append(hit)
+        if keep_hits and count:
+            scores.hits[..., k][scored] = torch.cat(hit_list)
+            scores.scored[..., k] = scored
+        scores.loss_sums.append(loss_sum)
+        scores.correct.append(correct)
+        scores.counts.append(count)
+    return scores
+
+
+def chain_acceptance(scores: HeadScores, loss_mask: torch.Tensor) -> tuple[int, int]:
+    """``(steps, accepted)`` of greedy chain drafting (each head's top-1, in order) over the
+    replies, estimated from :attr:`HeadScores.hits`: from the state before a reply's first token
+    the target writes one token and the heads draft the next ones; drafts count up to the first
+    miss, then drafting goes on from the state before the next unwritten token. The engine's tree
+    accepts at least this much; ``1 + accepted / steps`` estimates its mean acceptance length."""
+    assert scores.hits is not None and scores.scored is not None
+    starts = (shifted(loss_mask.bool(), 1, False) & scores.scored[..., 0]).tolist()
+    hits, scored = scores.hits.tolist(), scores.scored.tolist()
+    steps = accepted = 0
+    for row_start, row_hits, row_scored in zip(starts, hits, scored):
+        t = 0
+        while t < len(row_start):
+            if not row_start[t]:
+                t += 1
+                continue
+            run = 0
+            while run < len(row_hits[t]) and row_scored[t][run] and row_hits[t][run]:
+                run += 1
+            steps += 1
+            accepted += run
+            t += run + 1
+    return steps, accepted
