@@ -100,8 +100,10 @@ def test_runner_switches_sdpa_models_only(tiny):
 def test_runner_forwards_match_transformers_sdpa(tiny):
     """Batch-1 one-token and verify forwards over a cache (transformers builds the latter's causal mask), ragged batched
     rows and draft trees give the logits of the same model on transformers' own ``sdpa``."""
-    assert tiny.model.config._attn_implementation == "sdpa"
-    runner = ModelRunner(copy.deepcopy(tiny.model))
+    model = copy.deepcopy(tiny.model)
+    # The shared tiny model may have met a runner already (which switched it); start from sdpa.
+    model.set_attn_implementation("sdpa")
+    runner = ModelRunner(model)
     assert runner.model.config._attn_implementation == PACKED_SDPA
 
     def with_sdpa(step):
