@@ -193,3 +193,16 @@ def test_a_model_that_cannot_be_captured_runs_eagerly_unless_capture_was_asked_f
     assert type(cache) is BatchKVCache
     with pytest.raises(ModelLoadError, match="execution: capturing static forwards failed: RuntimeError"):
         ModelRunner(tiny.model, execution="static").prepare(max_rows=2, max_width=3)
+
+
+def test_the_static_path_accounts_for_its_memory(tiny):
+    """The KV cache's bytes are known once a forward allocated it: rows x positions x layers."""
+    runner = ModelRunner(tiny.model, execution="static", max_model_len=32)
+    assert ModelRunner(tiny.model).static_memory is None
+    runner.prepare(max_rows=2, max_width=4)
+    cache = runner.new_batch_cache(1)
+    runner.forward_rows(cache, [[3, 4]])
+    config = tiny.model.config
+    per_position = 2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4  # K and V, fp32
+    want = 2 * (32 + 4) * config.num_hidden_layers * per_position
+    assert runner.static_memory == {"kv_cache_bytes": want, "capture_bytes": 0}

@@ -137,6 +137,12 @@ class ModelRunner:
                         self.execution, type(exc).__name__, exc)
             self.execution, self._static = "eager", None
 
+    @property
+    def static_memory(self) -> dict[str, int] | None:
+        """Device memory of the static path (its KV cache, and what capture took on CUDA);
+        ``None`` when forwards run eagerly."""
+        return self._static.memory if self._static is not None else None
+
     def new_batch_cache(self, rows: int = 0) -> BatchKVCache:
         """The cache a batch of ``rows`` requests decodes in (rows join later with ``rows=0``).
 

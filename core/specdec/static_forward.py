@@ -29,15 +29,17 @@ Execution modes (``--enforce-eager`` and ``--compile`` on the command line):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from specdec.progress import Progress
 from specdec.static_cache import StaticKVCache
+
+log = logging.getLogger("specdec.static_forward")
 
 #: The execution modes, ``auto`` resolving to ``cuda_graph`` on CUDA and ``eager`` elsewhere.
 EXECUTION_MODES = ("auto", "eager", "cuda_graph", "compile", "static")
@@ -131,8 +133,10 @@ class StaticForward:
         self._layer_masks = layer_masks
         self.batch_sizes = batch_buckets(cache.max_rows)
         self.widths = width_buckets(max_width)
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._buckets: dict[tuple[int, int, bool], _Bucket] = {}
         self._pool = None
+        #: Device memory the recorded graphs took beside the KV cache (CUDA; 0 elsewhere).
+        self.capture_bytes = 0
         self._run = torch.compile(self._static_forward, dynamic=False) if mode == "compile" else self._static_forward
         if mode == "compile":
             # One graph per bucket; dynamo's default of 8 per function would fall back to eager.
@@ -144,9 +148,11 @@ class StaticForward:
         return self.mode in ("cuda_graph", "compile")
 
     def capture_all(self, hidden_states: bool, show_progress: bool = True) -> None:
-        """Record every bucket now (start-up) rather than at its first use."""
+        """Record every bucket now (start-up) rather than at its first use; :attr:`memory` says
+        what it took."""
         if not self.captures:
             return
+        before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         shapes = [(b, w) for b in self.batch_sizes for w in self.widths]
         columns = (TextColumn("[bold]capturing forward shapes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=not show_progress, transient=True) as progress:
@@ -154,6 +160,22 @@ class StaticForward:
             for rows, width in shapes:
                 self._prepared(rows, width, hidden_states)
                 progress.advance(task)
+        if self.device.type == "cuda":
+            self.capture_bytes = torch.cuda.memory_allocated(self.device) - before - self.cache_bytes()
+        log.info("captured %d forward shapes (%s): %.0f MB beside a KV cache of %.0f MB", len(shapes), self.mode,
+                 self.capture_bytes / 2**20, self.cache_bytes() / 2**20)
+
+    def cache_bytes(self) -> int:
+        """What the static KV cache's buffers hold (allocated at the first forward)."""
+        return sum(
+            buf.numel() * buf.element_size()
+            for layer in self.cache.layers for buf in (layer._key_buf, layer._value_buf) if buf is not None
+        )
+
+    @property
+    def memory(self) -> dict[str, int]:
+        """Bytes of device memory: the KV cache's, and (CUDA) what capture added beside it."""
+        return {"kv_cache_bytes": self.cache_bytes(), "capture_bytes": self.capture_bytes}
 
     def run(
         self, rows: list[list[int]], parents: list[list[int] | None] | None, hidden_states: bool

@@ -107,6 +107,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "threads": torch.get_num_threads(),
             "prepacked_linears": plain.runner.prepacked_linears,
             "execution": plain.runner.execution,
+            "static_memory": spec.runner.static_memory,
             "batch_size": batch_size,
             "repeats": repeats,
             "machine": platform.machine(),
