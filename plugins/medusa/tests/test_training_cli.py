@@ -86,14 +86,18 @@ def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[
 
 
 def test_own_lm_head_layout_and_loader_errors(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    """--own-lm-head writes each head's projection ({i}.{L}.weight) and no shared flag; a shared
+    """--own-lm-head writes each head's projection ({i}.{L}.weight, whole, after training over a
+    narrowed vocabulary) and no shared flag; a shared
     checkpoint needs the target's lm_head and uses it as it is; a non-shared checkpoint missing a
     projection names it and the flag."""
     target = files["target"]
     own, shared = files["dir"] / "own", files["dir"] / "shared-small"
     for out, flag in ((own, "--own-lm-head"), (shared, "--share-lm-head")):
-        assert main(train(files, out, flag, "--max-steps", "2", "--num-layers", "2")) == 0
-    capsys.readouterr()
+        # --train-vocab narrows the softmax only: the export is the same layout over the whole vocabulary.
+        assert main(train(files, out, flag, "--max-steps", "2", "--num-layers", "2", "--train-vocab", "12")) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "softmax over the 12 most frequent reply tokens" in err
+    assert json.loads((own / "training.json").read_text())["options"]["train_vocab"] == 12
     tensors = load_file(str(own / "medusa_lm_head.safetensors"))
     assert json.loads((own / "config.json").read_text())["medusa_shared_lm_head"] is False
     assert {f"{i}.2.weight" for i in range(3)} <= set(tensors) and tensors["0.2.weight"].dtype == torch.bfloat16

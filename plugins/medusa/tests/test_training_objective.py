@@ -113,3 +113,37 @@ def test_bfloat16_mode_follows_float32() -> None:
     assert abs(a.weighted_loss(0.8) - b.weighted_loss(0.8)) < 0.02 * a.weighted_loss(0.8)
     for x, y in zip(trainable_state(exact).values(), trainable_state(fast).values()):
         assert y.dtype == torch.float32 and torch.allclose(x.grad, y.grad, rtol=0.05, atol=0.02 * float(x.grad.abs().max()))
+
+
+def test_a_training_vocabulary_narrows_the_softmax_to_its_tokens() -> None:
+    """With every token in it, the loss and gradients are the whole vocabulary's; with some, a
+    position is scored when its label is among them, against their logits only, own projections
+    getting gradient on their rows alone."""
+    from specdec_medusa.training.objective import TrainingVocabulary
+
+    hidden, ids, mask = _batch()
+    full, every = _heads(share=False), _heads(share=False)
+    medusa_loss(full, hidden, ids, mask, chunk=3, backward=True)
+    medusa_loss(every, hidden, ids, mask, chunk=3, backward=True, vocabulary=TrainingVocabulary(torch.arange(VOCAB), VOCAB))
+    for a, b in zip(trainable_state(full).values(), trainable_state(every).values()):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+    kept = torch.tensor([7, 1, 4, 9, 2])
+    for share in (True, False):
+        heads = _heads(share)
+        scores = medusa_loss(heads, hidden, ids, mask, chunk=3, backward=True, vocabulary=TrainingVocabulary(kept, VOCAB))
+        for k in range(HEADS):
+            expected, count = 0.0, 0
+            for b in range(2):
+                for t in range(9 - k - 2):
+                    label = int(ids[b, t + k + 2])
+                    if mask[b, t + k + 2] and label in kept.tolist():
+                        with torch.no_grad():
+                            logits = heads.lm_heads[k](heads.blocks[k](hidden[b, t]))[kept.sort().values]
+                        expected += float(F.cross_entropy(logits[None], torch.tensor([sorted(kept.tolist()).index(label)])))
+                        count += 1
+            assert scores.counts[k] == count and abs(scores.loss_sums[k] - expected) < 1e-4
+        if not share:
+            outside = [t for t in range(VOCAB) if t not in kept.tolist()]
+            assert all(float(heads.lm_heads[k].weight.grad[outside].abs().sum()) == 0 for k in range(HEADS))
+            assert float(heads.lm_heads[0].weight.grad[kept].abs().sum()) > 0

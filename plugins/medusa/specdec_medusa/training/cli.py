@@ -18,12 +18,15 @@ from specdec.cli.common import quiet_transformers
 from specdec.errors import ConfigError
 from specdec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
+from specdec.training.conversations import Example
 from specdec.training.distributed import World, every_rank, join, leave
 from specdec.training.examples import ExampleDataset, load_examples
+from specdec.training.token_frequency import coverage, frequency_ranking, token_counts
 from specdec_medusa.training.cache import CachedStates, open_cache, write_cache
 from specdec_medusa.training.loop import (STATE_FILE, Evaluation, FitOptions, Position, StepReport, TargetStates, check_shape,
                                           fit, read_state)
 from specdec_medusa.training.model import export, new_heads
+from specdec_medusa.training.objective import TrainingVocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,6 +80,10 @@ def _heads_line(values: list[float]) -> str:
                    "auto: bfloat16 where the device computes it natively (CUDA, CPUs with AMX or AVX512-BF16).")
 @click.option("--chunk-size", type=int, default=1024, show_default=True,
               help="Positions per head whose vocabulary logits are computed at once (memory: chunk x vocab floats).")
+@click.option("--train-vocab", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Train each head's softmax over the this many most frequent reply tokens of --data only "
+                   "(0: the whole vocabulary): the projection is the costliest part; the heads still draft over "
+                   "every token.")
 @click.option("--group-by-length/--no-group-by-length", default=True, show_default=True,
               help="Batch conversations of similar length together (less padding) rather than at random.")
 @click.option("--eval-fraction", type=float, default=0.0, show_default=True,
@@ -94,7 +101,8 @@ def _heads_line(values: list[float]) -> str:
 @click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def medusa(data, output, model, dtype, device, num_heads, num_layers, share_lm_head, epochs, max_steps, batch_size,
-           max_length, limit, lr, warmup, loss_decay, precision, chunk_size, group_by_length, eval_fraction, eval_data,
+           max_length, limit, lr, warmup, loss_decay, precision, chunk_size, train_vocab, group_by_length, eval_fraction,
+           eval_data,
            eval_every, save_every, cache_states, resume, export_dtype, seed) -> None:
     """Train Medusa heads (Medusa-1: the target frozen) on conversations the target answered."""
     _check(num_heads, num_layers, epochs, max_steps, batch_size, lr, eval_fraction, eval_data, max_length, chunk_size)
@@ -130,14 +138,16 @@ def medusa(data, output, model, dtype, device, num_heads, num_layers, share_lm_h
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
         options = FitOptions(steps=max_steps or per_epoch * epochs, batch_size=batch_size, lr=lr, warmup=warmup,
                              decay=loss_decay, chunk=chunk_size, bf16=bf16, group_by_length=group_by_length, seed=seed,
-                             save_every=save_every, eval_every=eval_every)
+                             save_every=save_every, eval_every=eval_every, train_vocab=train_vocab)
+        vocabulary, covered = _training_vocabulary(examples, train_vocab, heads.lm_heads[0].out_features)
         assistant = sum(int(e.loss_mask.sum()) for e in examples)
         console.print(f"training {num_heads} Medusa heads x {num_layers} block(s), "
                       f"{'sharing the target lm_head' if share_lm_head else 'each with its own lm_head'}: "
                       f"{len(examples)} conversations read ({assistant} reply tokens), {len(dataset)} trained on"
                       f"{_held_note(heldout)}, "
                       f"{options.steps} steps x {batch_size} x {world.size} process(es), "
-                      f"{'bfloat16 mixed' if bf16 else 'float32'} precision")
+                      f"{'bfloat16 mixed' if bf16 else 'float32'} precision"
+                      + (f", softmax over the {train_vocab} most frequent reply tokens ({covered:.1%} of them)" if vocabulary else ""))
         base = model or "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default's hub id, as FasterDecoding records it
         last: dict[str, object] = {}
 
@@ -175,7 +185,7 @@ def medusa(data, output, model, dtype, device, num_heads, num_layers, share_lm_h
                 progress.update(task, completed=start.step)
                 progress.console.print(f"resuming from step {start.step} (epoch {start.epoch + 1}, batch {start.batch})")
             began = time.monotonic()
-            at = fit(heads, states, dataset, options, world, output, saved, on_step, save, heldout)
+            at = fit(heads, states, dataset, options, world, output, saved, on_step, save, heldout, vocabulary)
             took = time.monotonic() - began
         if at.step == start.step and world.is_main:
             save(at)  # nothing left to train: still leave the heads of the saved state
@@ -216,3 +226,14 @@ def _held_line(step: int, evaluation: Evaluation) -> str:
 def _record(record: dict[str, object], evaluation: Evaluation, step: int) -> None:
     record.update(heldout_step=step, heldout_loss_per_head=evaluation.losses, heldout_accuracy_per_head=evaluation.accuracies,
                   heldout_chain_acceptance_length=evaluation.acceptance_length)
+
+
+def _training_vocabulary(examples: list[Example], size: int, vocab_size: int) -> tuple[TrainingVocabulary | None, float]:
+    """The ``size`` most frequent reply tokens of the training conversations, and the share of
+    reply tokens they cover; ``None`` for the whole vocabulary (``size`` 0 or not smaller)."""
+    if not size or size >= vocab_size:
+        return None, 1.0
+    assistant, every = token_counts(((e.input_ids, e.loss_mask) for e in examples), vocab_size)
+    kept = frequency_ranking(assistant, every)[:size]
+    return TrainingVocabulary(kept, vocab_size), coverage(assistant, kept)
+

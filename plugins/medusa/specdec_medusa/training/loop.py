@@ -24,7 +24,7 @@ from specdec.training.distributed import World, average_gradients, broadcast_par
 from specdec.training.schedule import warmup_cosine
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
-from specdec_medusa.training.objective import HeadScores, chain_acceptance, medusa_loss
+from specdec_medusa.training.objective import HeadScores, TrainingVocabulary, chain_acceptance, medusa_loss
 
 STATE_FILE = "training_state.pt"
 
@@ -50,6 +50,8 @@ class FitOptions:
     save_every: int = 0
     #: Measure the held-out set every this many steps; always at each epoch's end and the last step.
     eval_every: int = 0
+    #: Train the softmax over the this many most frequent reply tokens (0: the whole vocabulary).
+    train_vocab: int = 0
 
 
 @dataclass
@@ -104,13 +106,14 @@ class TargetStates:
 def fit(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], torch.Tensor], dataset: torch.utils.data.Dataset,
         options: FitOptions, world: World, state_dir: str | Path | None = None, resume: dict[str, Any] | None = None,
         on_step: Callable[[StepReport], None] | None = None, on_save: Callable[[Position], None] | None = None,
-        heldout: torch.utils.data.Dataset | None = None) -> Position:
+        heldout: torch.utils.data.Dataset | None = None, vocabulary: TrainingVocabulary | None = None) -> Position:
     """Train ``heads`` in place until ``options.steps`` optimizer steps; returns where it stopped.
 
     ``on_step`` gets every step's report (rank 0), with the held-out measurement on the steps that
     take one. At every save point rank 0 calls ``on_save`` (which exports the heads), then, with
     ``state_dir``, saves the training state there. ``resume``: a state read by :func:`read_state`
-    to continue from.
+    to continue from. ``vocabulary`` narrows the training softmax (held-out measurements take
+    the whole vocabulary).
     """
     params = list(trainable_state(heads).values())
     optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
@@ -123,6 +126,7 @@ def fit(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], torch.Te
     at = Position() if resume is None else load_state(resume, heads, optimizer, scheduler)
     broadcast_parameters(heads, world)
     device = next(iter(params)).device
+    vocabulary = vocabulary.to(device) if vocabulary is not None else None
     while at.step < options.steps:
         sampler.set_epoch(at.epoch)
         batches = list(sampler)
@@ -131,7 +135,8 @@ def fit(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], torch.Te
         hidden = target(batch)
         optimizer.zero_grad(set_to_none=True)
         scores = medusa_loss(heads, hidden, batch["input_ids"].to(device), batch["loss_mask"].to(device),
-                             options.decay, options.chunk, backward=True, bf16=options.bf16)
+                             options.decay, options.chunk, backward=True, bf16=options.bf16,
+                             vocabulary=vocabulary)
         average_gradients(params, world)
         torch.nn.utils.clip_grad_norm_(params, options.max_grad_norm)
         optimizer.step()

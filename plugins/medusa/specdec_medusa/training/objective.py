@@ -11,7 +11,8 @@ the Medusa paper): later heads are right less often and matter less, since a dra
 after every earlier one was accepted.
 
 The vocabulary projection dominates the cost (49,152 x 576 per position and head for SmolLM2),
-so the positions are gathered before the heads run, and each head runs over ``chunk`` positions
+so the positions are gathered before the heads run (and :class:`TrainingVocabulary` may narrow
+the softmax to the reply tokens that matter), and each head runs over ``chunk`` positions
 at a time. With ``backward=True`` each chunk's loss is back-propagated at once: the target's
 states are constants, so the chunks' gradients simply add up, and at most one chunk's logits
 (``chunk x vocab`` floats) are alive at a time.
@@ -19,6 +20,7 @@ states are constants, so the chunks' gradients simply add up, and at most one ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,9 +62,33 @@ def shifted(x: torch.Tensor, k: int, fill: int | bool = 0) -> torch.Tensor:
     return out
 
 
+class TrainingVocabulary:
+    """The tokens a training softmax runs over: the ``ids`` (sorted) of the most frequent reply
+    tokens. A head's logits are then ``ids``' rows of its projection only, and a position whose
+    label lies outside is not scored. The shared projection itself is untouched, so the exported
+    heads still draft over the whole vocabulary; what changes is the normalizer the heads are
+    trained against, over tokens that hold nearly all of the replies (``coverage``)."""
+
+    def __init__(self, ids: torch.Tensor, vocab_size: int) -> None:
+        self.ids = ids.sort().values
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long, device=ids.device)
+        self.index[self.ids] = torch.arange(len(self.ids), device=ids.device)
+
+    def to(self, device: torch.device) -> TrainingVocabulary:
+        return TrainingVocabulary(self.ids.to(device), len(self.index))
+
+
+def _projection(head: torch.nn.Linear, vocabulary: TrainingVocabulary | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    if vocabulary is None:
+        return head
+    weight = head.weight[vocabulary.ids]
+    bias = head.bias[vocabulary.ids] if head.bias is not None else None
+    return lambda x: F.linear(x, weight, bias)
+
+
 def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 decay: float = 0.8, chunk: int = 1024, backward: bool = False, bf16: bool = False,
-                keep_hits: bool = False) -> HeadScores:
+                keep_hits: bool = False, vocabulary: TrainingVocabulary | None = None) -> HeadScores:
     """Every head's loss and top-1 hits over a right-padded batch.
 
     :param hidden: ``[B, T, hidden]`` the target's final normed states (no gradient).
@@ -71,6 +97,7 @@ def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tenso
     :param bf16: the heads' matrix products and softmax in bfloat16 (autocast; weights and the summed
         losses stay float32).
     :param keep_hits: also return per-position hits (:attr:`HeadScores.hits`), for evaluation.
+    :param vocabulary: score over these tokens only (training; evaluation takes the whole vocabulary).
     """
     mask = loss_mask.bool()
     scores = HeadScores([], [], [])
@@ -79,13 +106,18 @@ def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tenso
         scores.scored = torch.zeros_like(scores.hits)
     for k in range(heads.num_heads):
         scored = shifted(mask, k + 2, False)
-        labels = shifted(input_ids, k + 2)[scored]
+        future = shifted(input_ids, k + 2)
+        if vocabulary is not None:
+            future = vocabulary.index[future]
+            scored &= future >= 0
+        labels = future[scored]
         states = hidden[scored]
         count = int(labels.numel())
         loss_sum, correct, hit_list = 0.0, 0, []
         for start in range(0, count, chunk):
             with torch.autocast(hidden.device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits = heads.lm_heads[k](heads.blocks[k](states[start : start + chunk].float()))
+                # Narrowed per chunk: each chunk's backward frees the graph it ran through.
+                logits = _projection(heads.lm_heads[k], vocabulary)(heads.blocks[k](states[start : start + chunk].float()))
             want = labels[start : start + chunk]
             # In bfloat16 mode the softmax runs on the bfloat16 logits too: a quarter faster on a CPU
             # than on float32 copies (chunk x vocab floats each), and the gradient is no coarser than
