@@ -1,12 +1,14 @@
-"""Read MTP layers from safetensors files in DeepSeek-V3's published layout.
+"""Read MTP layers from safetensors files in DeepSeek-V3's published layout, for any target.
 
 For ``num_nextn_predict_layers = n`` the layers are ``model.layers.{L}`` .. ``model.layers.{L+n-1}``
 (``L = num_hidden_layers``), beside the main weights: transformers drops them when it loads the
 model, so they are read here, honoring ``model.safetensors.index.json`` when the checkpoint is
-sharded. Each holds ``enorm``, ``hnorm``, ``eh_proj``, a decoder block (its ``self_attn``,
-``mlp``, ``input_layernorm``, ``post_attention_layernorm``; routed experts one by one as
+sharded. Each holds ``enorm``, ``hnorm``, ``eh_proj``, a decoder block of the target's own kind
+under the block's own tensor names (its ``self_attn``, ``mlp``, ``input_layernorm``,
+``post_attention_layernorm``; DeepSeek's routed experts one by one as
 ``mlp.experts.{e}.{gate,up,down}_proj``), ``shared_head.norm``, ``shared_head.head`` and
-optionally ``embed_tokens`` (else the target's is used).
+optionally ``embed_tokens`` (else the target's is used). A Llama target's layers (``specdec
+train mtp``) are stored the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import DeepseekV3Config
+from transformers import PretrainedConfig
 
 from specdec.errors import ModelLoadError
 from specdec_mtp.layer import MTPLayer
@@ -74,7 +76,7 @@ def _fuse_experts(tensors: dict[str, torch.Tensor], prefix: str, count: int, sou
     return {"block.mlp.experts.gate_up_proj": torch.stack(gate_up), "block.mlp.experts.down_proj": torch.stack(down)}
 
 
-def load_mtp_layers(directory: str | Path, config: DeepseekV3Config, count: int) -> list[MTPLayer]:
+def load_mtp_layers(directory: str | Path, config: PretrainedConfig, count: int) -> list[MTPLayer]:
     """The ``count`` MTP layers stored in ``directory`` for a target of ``config``, float32 on the CPU."""
     directory = Path(directory)
     first = int(config.num_hidden_layers)

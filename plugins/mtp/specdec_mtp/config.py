@@ -10,7 +10,8 @@ from specdec import DraftingConfig
 
 
 class MTPDecodingConfig(DraftingConfig):
-    """Draft with DeepSeek-V3 multi-token prediction (MTP) layers shipped beside the target's weights."""
+    """Draft with DeepSeek-V3 multi-token prediction (MTP) layers shipped beside the target's weights
+    (DeepSeek-V3) or trained for it (``specdec train mtp``, any Llama-style target)."""
 
     method_name: ClassVar[str] = "mtp"
 
@@ -30,7 +31,8 @@ class MTPDecodingConfig(DraftingConfig):
         le=64,
         description=(
             "MTP layers to load, model.layers.{L} .. model.layers.{L+n-1} (L = num_hidden_layers). "
-            "Default: the target config's num_nextn_predict_layers."
+            "Default: that of the config.json beside the layers (speculative_model, else the target's checkpoint), "
+            "else the target config's num_nextn_predict_layers."
         ),
     )
     speculative_model: str | None = Field(

@@ -21,12 +21,12 @@ open (:class:`~specdec_mtp.relaxed.ThinkingSpan`), for the plugin's ``specdec_ve
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
 from specdec import (
     DraftProposal,
@@ -38,10 +38,10 @@ from specdec import (
     logits_to_probs,
     prepack_linears,
 )
-from specdec.errors import ConfigError, ModelLoadError
+from specdec.errors import ConfigError
 from specdec_mtp.checkpoint import load_mtp_layers
 from specdec_mtp.config import MTPDecodingConfig
-from specdec_mtp.layer import LatentCache, MTPLayer
+from specdec_mtp.layer import LatentCache, MTPLayer, block_classes
 from specdec_mtp.relaxed import ThinkingSpan, thinking_tokens
 
 logger = logging.getLogger(__name__)
@@ -80,9 +80,12 @@ def checkpoint_dir(config: MTPDecodingConfig, target: TargetContext) -> Path:
     return path
 
 
-def layer_count(config: MTPDecodingConfig, target: TargetContext) -> int:
-    """``num_nextn_predict_layers``: the option, else the target config's."""
-    count = config.num_nextn_predict_layers or getattr(target.model.config, "num_nextn_predict_layers", 0) or 0
+def layer_count(config: MTPDecodingConfig, target: TargetContext, directory: Path) -> int:
+    """``num_nextn_predict_layers``: the option, else that of the ``config.json`` in ``directory``
+    (a ``specdec train mtp`` export, or the target's own checkpoint), else the target config's."""
+    saved = directory / "config.json"
+    stored = json.loads(saved.read_text()).get("num_nextn_predict_layers") if saved.is_file() else None
+    count = config.num_nextn_predict_layers or stored or getattr(target.model.config, "num_nextn_predict_layers", 0) or 0
     if count < 1:
         raise ConfigError(
             "num_nextn_predict_layers: the target's config has no MTP layers (num_nextn_predict_layers is 0 or absent); "
@@ -97,17 +100,15 @@ class MTPResources(ResourceManager):
     def __init__(self, config: MTPDecodingConfig, target: TargetContext) -> None:
         super().__init__()
         target_config = target.model.config
-        if getattr(target_config, "model_type", None) not in ("deepseek_v3",):
-            raise ModelLoadError(
-                f"MTP: DeepSeek-V3 MTP layers need a DeepSeek-V3 target, got model_type {target_config.model_type!r}"
-            )
-        layers = load_mtp_layers(checkpoint_dir(config, target), target_config, layer_count(config, target))
+        block_classes(target_config)  # an architecture MTP blocks cannot be built for fails first
+        directory = checkpoint_dir(config, target)
+        layers = load_mtp_layers(directory, target_config, layer_count(config, target, directory))
         self.config = config
         self.layers = [layer.to(target.device, target.dtype) for layer in layers]
         for layer in self.layers:
             prepack_linears(layer)
         self.target_embed = target.model.get_input_embeddings()
-        self.rotary = DeepseekV3RotaryEmbedding(target_config).to(target.device)
+        self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device
         self.runner = target.runner
         self.runner.capture_hidden_states = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import click
 import torch
 
 from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, TargetContext, VerifyResult, hookimpl
@@ -54,3 +55,10 @@ def specdec_accept(
     if isinstance(config, MTPDecodingConfig):
         for request, result in zip(requests, results):
             resource_manager.commit(request, result)
+
+
+@hookimpl
+def specdec_train_commands() -> list[click.Command]:
+    from specdec_mtp.training.cli import mtp
+
+    return [mtp]

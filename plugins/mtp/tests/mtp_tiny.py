@@ -1,10 +1,11 @@
-"""Tiny DeepSeek-V3 targets saved with MTP layers in DeepSeek-V3's published layout, for tests.
+"""Tiny targets (DeepSeek-V3, or Llama for MTP on other architectures) saved with MTP layers in
+DeepSeek-V3's published layout, for tests.
 
 Random MTP layers almost never draft the target's tokens, which would leave the conformance
 suite nothing to check, so :func:`fitted_layers` fits them briefly the way DeepSeek trains them:
 depth ``k`` at position ``i`` reads depth ``k - 1``'s output (the target's final state for
 ``k = 1``) and token ``i + k``, and learns the target's own distribution of token ``i + k + 1``,
-on text the target writes itself. Saved targets are memoized per layer count.
+on text the target writes itself. Saved targets are memoized per layer count and architecture.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.nn import functional as F
 from transformers import AutoModelForCausalLM
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
 from specdec.testing.architectures import make_tiny_model
 from specdec.testing.device import device_under_test
@@ -89,7 +89,7 @@ def fitted_layers(model: torch.nn.Module, count: int, steps: int = 100, seed: in
         out = model(text, output_hidden_states=True)
     target_logprobs = F.log_softmax(out.logits, dim=-1)
     previous = out.hidden_states[-1]
-    embed, rotary = model.get_input_embeddings(), DeepseekV3RotaryEmbedding(config)
+    embed, rotary = model.get_input_embeddings(), model.get_decoder().rotary_emb
     layers = []
     for k in range(1, count + 1):
         layer = initialized(MTPLayer(config, first + k - 1))
@@ -142,17 +142,17 @@ def save_with_mtp(target: TinyTarget, layers: list[MTPLayer], directory: Path, s
 
 
 @functools.cache
-def saved_target(count: int) -> Path:
-    """A directory holding the tiny DeepSeek-V3 target with ``count`` fitted MTP layers (sharded when ``count > 1``)."""
-    target = make_tiny_model("deepseek_v3")
-    directory = Path(tempfile.mkdtemp(prefix=f"mtp{count}-"))
+def saved_target(count: int, architecture: str = "deepseek_v3") -> Path:
+    """A directory holding a tiny target with ``count`` fitted MTP layers (sharded when ``count > 1``)."""
+    target = make_tiny_model(architecture)
+    directory = Path(tempfile.mkdtemp(prefix=f"mtp{count}-{architecture}-"))
     save_with_mtp(target, fitted_layers(target.model, count), directory, sharded=count > 1)
     return directory
 
 
-def load_target(count: int, device: str | torch.device | None = None) -> TinyTarget:
+def load_target(count: int, device: str | torch.device | None = None, architecture: str = "deepseek_v3") -> TinyTarget:
     """The saved target loaded back as specdec loads a checkpoint (MTP layers dropped by
     transformers), on ``device`` (default: the device under test)."""
-    model = AutoModelForCausalLM.from_pretrained(saved_target(count), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(saved_target(count, architecture), dtype=torch.float32).eval()
     model.to(device or device_under_test())
     return TinyTarget(model, tiny_tokenizer())

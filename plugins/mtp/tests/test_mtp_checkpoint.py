@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from specdec import LLM
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.testing.architectures import make_tiny_model
-from specdec_mtp import MTPLayer, load_mtp_layers
+from specdec_mtp import MTPLayer, load_mtp_layers, mtp_layer_tensors
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,24 @@ def test_speculative_model_names_the_directory(tiny, tmp_path: Path) -> None:
     llm.close()
 
 
-def test_non_deepseek_target_is_refused(tmp_path: Path) -> None:
-    target = make_tiny_model("llama")
-    with pytest.raises(ModelLoadError, match="DeepSeek-V3 target"):
+def test_target_without_a_decoder_layer_class_is_refused(tmp_path: Path) -> None:
+    target = make_tiny_model("gpt2")
+    with pytest.raises(ModelLoadError, match="no decoder-layer class for model_type 'gpt2'"):
         LLM(target.model, {"method": "mtp", "speculative_model": str(tmp_path)}, tokenizer=target.tokenizer)
+
+
+def test_llama_layer_is_a_llama_block_under_deepseeks_names(tmp_path: Path) -> None:
+    """A Llama target's MTP layer: the target's own decoder-layer class (grouped-query keys and
+    values), its tensors under the block's own names beside DeepSeek's enorm/hnorm/eh_proj/shared_head."""
+    target = make_tiny_model("llama")
+    config = target.model.config
+    layer = initialized(MTPLayer(config, 2))
+    assert type(layer.block).__name__ == "LlamaDecoderLayer" and type(layer.enorm).__name__ == "LlamaRMSNorm"
+    names = set(mtp_layer_tensors(layer, 2))
+    own = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
+           "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+           "post_attention_layernorm.weight")
+    assert names == {f"model.layers.2.{n}" for n in own}
+    save_with_mtp(target, [layer], tmp_path, sharded=False)
+    assert _same(load_mtp_layers(tmp_path, config, 1)[0], layer)

@@ -1,7 +1,9 @@
 """MTP passes the conformance suite with a tiny DeepSeek-V3 target whose checkpoint holds MTP layers
 in DeepSeek-V3's layout: one layer in the main file (reused for the second draft, as vLLM does),
 and three layers in a second shard named by ``model.safetensors.index.json``. The layers are
-fitted to the target (see ``mtp_tiny``), so drafts are accepted often but not always.
+fitted to the target (see ``mtp_tiny``), so drafts are accepted often but not always. The same
+with a tiny Llama target: MTP layers whose blocks are the target's own ``LlamaDecoderLayer``
+(grouped-query attention), stored under DeepSeek-V3's names.
 """
 
 from mtp_tiny import load_target
@@ -21,6 +23,14 @@ class TestMTPOneLayerConformance(MethodConformance):
 class TestMTPThreeLayerConformance(MethodConformance):
     def make_target(self):
         return load_target(3)
+
+    def make_config(self, target, tmp_path):
+        return MTPDecodingConfig(max_draft_len=3)
+
+
+class TestMTPLlamaConformance(MethodConformance):
+    def make_target(self):
+        return load_target(2, architecture="llama")
 
     def make_config(self, target, tmp_path):
         return MTPDecodingConfig(max_draft_len=3)

@@ -1,0 +1,221 @@
+"""Train MTP layers on a frozen target, resumably, on one process or many (torch.distributed).
+
+Each step runs the target once over a batch of conversations (no gradient) for its final normed
+states and trains every depth on them (:func:`~specdec_mtp.training.objective.mtp_loss`). The
+batches of an epoch depend only on the seed and the epoch
+(:class:`~specdec.training.batching.LengthGroupedBatches`), so a saved state (layers, optimizer,
+schedule, step and the position in the epoch) is all a resumed run needs to take exactly the
+steps an uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec.errors import ConfigError
+from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
+from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
+from specdec.training.schedule import warmup_cosine
+from specdec_mtp.training.model import trainable_state
+from specdec_mtp.training.objective import DepthScores, mtp_loss
+
+STATE_FILE = "training_state.pt"
+
+
+@dataclass
+class FitOptions:
+    steps: int = 1000
+    batch_size: int = 8
+    lr: float = 3e-4
+    warmup: int = 20
+    #: Depth ``k``'s loss weight is ``decay ** (k - 1)`` (DeepSeek's equal weights: 1).
+    decay: float = 1.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    #: Positions per depth whose logits are computed at once (memory: ``chunk x vocab`` floats).
+    chunk: int = 1024
+    #: Matrix products in bfloat16 (autocast); weights, optimizer and losses stay float32.
+    bf16: bool = False
+    #: Sort each group of 50 steps by length (little padding) rather than batching at random.
+    group_by_length: bool = True
+    seed: int = 0
+    #: Save (export and training state) every this many steps; always at each epoch's end and the last step.
+    save_every: int = 0
+    #: Measure the held-out set every this many steps; always at each epoch's end and the last step.
+    eval_every: int = 0
+
+
+@dataclass
+class Position:
+    """Where training stands: optimizer steps taken, the epoch, batches of it already trained on."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+@dataclass
+class Evaluation:
+    losses: list[float]
+    accuracies: list[float]
+
+
+@dataclass
+class StepReport:
+    step: int
+    epoch: int
+    #: The step's objective and per depth its loss and top-1 accuracy.
+    loss: float
+    losses: list[float]
+    accuracies: list[float]
+    #: Conversation tokens in the step's batches (every rank's, padding left out).
+    tokens: int = 0
+    heldout: Evaluation | None = None
+
+
+class FrozenTarget:
+    """What the layers read from the frozen target: its final normed states for a batch (a forward
+    of its decoder), its input embedding and its rotary embedding."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.device = next(model.parameters()).device
+        self.embed = model.get_input_embeddings()
+        self.rotary = model.get_decoder().rotary_emb
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = batch["input_ids"].to(self.device)
+        attention = (torch.arange(ids.shape[1])[None] < batch["length"][:, None]).long().to(self.device)
+        # The decoder alone: the target's own vocabulary projection over every position is not needed.
+        return self.model.get_decoder()(input_ids=ids, attention_mask=attention, use_cache=False).last_hidden_state
+
+    def loss(self, layers: nn.ModuleList, batch: dict[str, torch.Tensor], options: FitOptions,
+             backward: bool = False) -> DepthScores:
+        """:func:`mtp_loss` of ``layers`` over ``batch``."""
+        ids, mask = batch["input_ids"].to(self.device), batch["loss_mask"].to(self.device)
+        return mtp_loss(layers, self.embed, self.rotary, self(batch), ids, mask, options.decay, options.chunk,
+                        backward=backward, bf16=options.bf16)
+
+
+def fit(layers: nn.ModuleList, target: FrozenTarget, dataset: torch.utils.data.Dataset, options: FitOptions, world: World,
+        state_dir: str | Path | None = None, resume: dict[str, Any] | None = None,
+        on_step: Callable[[StepReport], None] | None = None, on_save: Callable[[Position], None] | None = None,
+        heldout: torch.utils.data.Dataset | None = None) -> Position:
+    """Train ``layers`` in place until ``options.steps`` optimizer steps; returns where it stopped.
+
+    ``on_step`` gets every step's report (rank 0), with the held-out measurement on the steps that
+    take one. At every save point rank 0 calls ``on_save`` (which exports the layers), then, with
+    ``state_dir``, saves the training state there. ``resume``: a state read by :func:`read_state`.
+    """
+    params = list(trainable_state(layers).values())
+    optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(options.steps, options.warmup, floor=0.0))
+    sampler = LengthGroupedBatches(conversation_lengths(dataset), options.batch_size, world, options.seed,
+                                   group=50 if options.group_by_length else 1)
+    if len(sampler) == 0:
+        raise ConfigError(f"the training data holds {len(dataset)} conversations: too few for a batch of "
+                          f"{options.batch_size} on each of {world.size} processes")
+    at = Position() if resume is None else load_state(resume, layers, optimizer, scheduler)
+    broadcast_parameters(layers, world)
+    layers.train()
+    while at.step < options.steps:
+        sampler.set_epoch(at.epoch)
+        batches = list(sampler)
+        batch = collate([dataset[i] for i in batches[at.batch]])
+        optimizer.zero_grad(set_to_none=True)
+        scores = target.loss(layers, batch, options, backward=True)
+        average_gradients(params, world)
+        torch.nn.utils.clip_grad_norm_(params, options.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        at = Position(at.step + 1, at.epoch, at.batch + 1)
+        if at.batch == len(batches):
+            at = Position(at.step, at.epoch + 1, 0)
+        scores, tokens = _summed(scores, int(batch["length"].sum()), world)
+        report = StepReport(at.step, at.epoch, scores.weighted_loss(options.decay), scores.losses(), scores.accuracies(),
+                            tokens)
+        boundary = at.batch == 0 or at.step == options.steps
+        if heldout is not None and (boundary or (options.eval_every and at.step % options.eval_every == 0)):
+            report.heldout = evaluate(layers, target, heldout, options, world)
+        if on_step is not None and world.is_main:
+            on_step(report)
+        if world.is_main and (boundary or (options.save_every and at.step % options.save_every == 0)):
+            if on_save is not None:
+                on_save(at)
+            if state_dir is not None:
+                save_state(Path(state_dir), layers, optimizer, scheduler, at, options)
+    return at
+
+
+@torch.no_grad()
+def evaluate(layers: nn.ModuleList, target: FrozenTarget, dataset: torch.utils.data.Dataset, options: FitOptions,
+             world: World) -> Evaluation:
+    """Per depth mean loss and top-1 accuracy over ``dataset`` (each rank a share, float32)."""
+    was_training = layers.training
+    layers.eval()
+    lengths = conversation_lengths(dataset)
+    items = sorted(range(world.rank, len(dataset), world.size), key=lambda i: lengths[i])
+    n = len(layers)
+    totals = [0.0] * (3 * n)
+    plain = FitOptions(**{**asdict(options), "bf16": False})
+    for start in range(0, len(items), options.batch_size):
+        scores = target.loss(layers, collate([dataset[i] for i in items[start : start + options.batch_size]]), plain)
+        totals = [t + v for t, v in zip(totals, [*scores.loss_sums, *scores.correct, *scores.counts])]
+    totals = sum_across(totals, world)
+    layers.train(was_training)
+    scores = DepthScores(totals[:n], totals[n : 2 * n], totals[2 * n :])
+    return Evaluation(scores.losses(), scores.accuracies())
+
+
+def _summed(scores: DepthScores, tokens: int, world: World) -> tuple[DepthScores, int]:
+    """The step's scores and tokens over every rank."""
+    n = len(scores.counts)
+    totals = sum_across([*scores.loss_sums, *scores.correct, *scores.counts, tokens], world)
+    return DepthScores(totals[:n], totals[n : 2 * n], totals[2 * n : 3 * n]), int(totals[-1])
+
+
+def save_state(directory: Path, layers: nn.ModuleList, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, at: Position, options: FitOptions) -> None:
+    """Everything a resumed run needs, written atomically (a crash mid-write keeps the last state)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"position": asdict(at), "layers": {n: p.detach().cpu() for n, p in trainable_state(layers).items()},
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "options": asdict(options),
+             "shape": {"num_layers": len(layers)}}
+    partial = directory / (STATE_FILE + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, directory / STATE_FILE)
+
+
+def read_state(directory: str | Path) -> dict[str, Any]:
+    """The training state saved in ``directory`` (one-line error when there is none)."""
+    path = Path(directory) / STATE_FILE
+    if not path.is_file():
+        raise ConfigError(f"--resume: no {STATE_FILE} in {str(directory)!r} to resume from")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_shape(state: dict[str, Any], num_layers: int) -> None:
+    """A one-line error unless the saved state holds ``num_layers`` layers."""
+    if state["shape"] != {"num_layers": num_layers}:
+        raise ConfigError(f"--resume: the saved state holds {state['shape']['num_layers']} MTP layer(s), "
+                          f"this run asks for {num_layers}")
+
+
+def load_state(state: dict[str, Any], layers: nn.ModuleList, optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler) -> Position:
+    """Restore a saved state into ``layers``, ``optimizer`` and ``scheduler``; where it stood."""
+    check_shape(state, len(layers))
+    with torch.no_grad():
+        for name, param in trainable_state(layers).items():
+            param.copy_(state["layers"][name])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Position(**state["position"])

@@ -1,0 +1,168 @@
+"""`specdec train mtp` end to end on a tiny Llama target and its own answers: the held-out loss
+falls; the export loads in the MTP plugin with speculative_model, and the --into-target-copy
+directory loads as a target whose own checkpoint holds the layers; both draft without changing
+greedy output; `specdec validate` measures it; a resumed run equals an uninterrupted one; bad
+input is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from mtp_training_data import answered, saved_llama
+from safetensors import safe_open
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from specdec import LLM, SamplingParams
+from specdec.cli.main import main
+from specdec.training.distributed import World
+from specdec.training.examples import ExampleDataset, load_examples
+from specdec_mtp.training import loop
+from specdec_mtp.training.loop import FitOptions, FrozenTarget, evaluate
+from specdec_mtp.training.model import new_layers
+
+OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
+       "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+       "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+       "post_attention_layernorm.weight")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    directory = tmp_path_factory.mktemp("mtp-train")
+    target = saved_llama(directory / "target")
+    return {"dir": directory, "target": target, "target_dir": str(directory / "target"),
+            "data": str(answered(target, directory))}
+
+
+def train(files: dict, output: Path, *extra: str) -> list[str]:
+    return ["train", "mtp", "--model", files["target_dir"], "--dtype", "float32", "--data", files["data"],
+            "--output", str(output), "--num-layers", "2", "--batch-size", "4", "--precision", "float32", *extra]
+
+
+def one_line_error(args: list[str], text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert text in err, err
+
+
+def generate(model: torch.nn.Module, config: dict | None, files: dict) -> list:
+    target = files["target"]
+    prompts = [{"prompt_token_ids": target.encode(t)} for t in ("the cat sat on", "hello world one two", "big red")]
+    with LLM(model, config, tokenizer=target.tokenizer) as llm:
+        return llm.generate(prompts, SamplingParams(max_tokens=16))
+
+
+def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """The held-out loss (here the training set itself: overfitting is the point) falls well below
+    the new layers'; the export holds model.layers.{2,3}.* in DeepSeek-V3's names with Llama
+    blocks; with it, and with the target copy holding the layers itself, greedy output is plain
+    decoding's with drafts accepted; validate runs on both."""
+    out, copy = files["dir"] / "layers", files["dir"] / "copy"
+    target = files["target"]
+    examples = load_examples((files["data"],), target.tokenizer, 2048)
+    before = evaluate(new_layers(target.model, 2), FrozenTarget(target.model), ExampleDataset(examples),
+                      FitOptions(batch_size=4), World())
+    assert main(train(files, out, "--epochs", "8", "--lr", "1e-2", "--warmup", "2", "--eval-data", files["data"],
+                      "--export-dtype", "float32", "--into-target-copy", str(copy))) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "training 2 MTP layer(s) (LlamaDecoderLayer blocks) on a frozen llama target: 16 conversations read" in err
+    assert "held-out loss per depth" in err and "wrote 2 MTP layer(s) (float32)" in err
+    record = json.loads((out / "training.json").read_text())
+    assert record["position"] == {"step": 32, "epoch": 8, "batch": 0}
+    after = record["heldout_loss_per_depth"]
+    assert all(a < 0.7 * b for a, b in zip(after, before.losses)), (before.losses, after)
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_nextn_predict_layers"] == 2 and config["num_hidden_layers"] == 2
+    assert set(load_file(str(out / "model.safetensors"))) == {f"model.layers.{i}.{n}" for i in (2, 3) for n in OWN}
+
+    expected = [o.token_ids for o in generate(target.model, None, files)]
+    outputs = generate(target.model, {"method": "mtp", "speculative_model": str(out), "max_draft_len": 2}, files)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+
+    own = AutoModelForCausalLM.from_pretrained(copy, dtype=torch.float32).eval()
+    assert own.config.num_nextn_predict_layers == 2
+    index = json.loads((copy / "model.safetensors.index.json").read_text())["weight_map"]
+    assert index["model.layers.2.eh_proj.weight"] == "model-mtp.safetensors" and "model.layers.1.mlp.up_proj.weight" in index
+    with safe_open(str(copy / "model-mtp.safetensors"), framework="pt") as handle:
+        assert torch.equal(handle.get_tensor("model.layers.3.eh_proj.weight"),
+                           load_file(str(out / "model.safetensors"))["model.layers.3.eh_proj.weight"])
+    from_copy = generate(own, {"method": "mtp", "max_draft_len": 2}, files)
+    assert [o.token_ids for o in from_copy] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in from_copy) > 0
+
+    for args in (["--model", files["target_dir"], "--speculative-model", str(out)], ["--model", str(copy)]):
+        report = files["dir"] / "validate.json"
+        assert main(["validate", *args, "--dtype", "float32", "--method", "mtp", "--dataset", files["data"],
+                     "--num-prompts", "4", "--max-tokens", "16", "--json", str(report)]) == 0
+        overall = json.loads(report.read_text())["overall"]
+        assert overall["num_drafts"] > 0 and overall["mean_acceptance_length"] > 1.0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped after its step-3 save and resumed ends with exactly the layers (and
+    optimizer state) of a run never stopped: same batches, schedule and Adam moments."""
+    whole, resumed = files["dir"] / "whole", files["dir"] / "resumed"
+    common = ("--max-steps", "7", "--save-every", "3", "--export-dtype", "float32")
+    assert main(train(files, whole, *common)) == 0
+    save_state = loop.save_state
+
+    def stop_after_step_3(directory, layers, optimizer, scheduler, at, options):
+        save_state(directory, layers, optimizer, scheduler, at, options)
+        if at.step == 3:
+            raise Interrupted
+
+    monkeypatch.setattr(loop, "save_state", stop_after_step_3)
+    with pytest.raises(Interrupted):
+        main(train(files, resumed, *common))
+    monkeypatch.setattr(loop, "save_state", save_state)
+    capsys.readouterr()
+    assert json.loads((resumed / "training.json").read_text())["position"]["step"] == 3
+    one_line_error(train(files, resumed, *common), "holds a training state; pass --resume to continue it", capsys)
+    assert main(train(files, resumed, *common, "--resume")) == 0
+    assert "resuming from step 3 (epoch 1, batch 3)" in " ".join(capsys.readouterr().err.split())
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    state_a = torch.load(whole / loop.STATE_FILE, weights_only=True)
+    state_b = torch.load(resumed / loop.STATE_FILE, weights_only=True)
+    assert state_a["position"] == state_b["position"] == {"step": 7, "epoch": 1, "batch": 3}
+    moments = [(s["exp_avg"], s["exp_avg_sq"]) for s in state_a["optimizer"]["state"].values()]
+    others = [(s["exp_avg"], s["exp_avg_sq"]) for s in state_b["optimizer"]["state"].values()]
+    assert all(torch.equal(x, y) and torch.equal(u, v) for (x, u), (y, v) in zip(moments, others))
+    one_line_error([*train(files, resumed, *common, "--resume"), "--num-layers", "1"],
+                   "--resume: the saved state holds 2 MTP layer(s), this run asks for 1", capsys)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--num-layers", "0"], "--num-layers: must be at least 1, got 0"),
+    (["--max-steps", "0"], "--max-steps: must be at least 1, got 0"),
+    (["--lr", "0"], "--lr: must be positive, got 0.0"),
+    (["--eval-fraction", "0.1", "--eval-data", "x"], "--eval-fraction and --eval-data are alternatives; give one"),
+    (["--into-target-copy", "o"], "--into-target-copy: must be another directory than --output"),
+])
+def test_bad_options_are_one_line(extra: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    one_line_error(["train", "mtp", "--data", "nothing.jsonl", "--output", "o", *extra], message, capsys)
+
+
+def test_bad_files_are_one_line(files: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(["train", "mtp", "--data", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o")],
+                   f"--data: no file {str(tmp_path / 'missing.jsonl')!r}", capsys)
+    one_line_error(train(files, tmp_path / "o", "--resume"), "--resume: no training_state.pt in", capsys)
+    unanswered = tmp_path / "unanswered.jsonl"
+    unanswered.write_text('{"conversation_id": 1, "conversations": [{"role": "user", "content": "hi"}]}\n')
+    one_line_error(train(files, tmp_path / "o", "--eval-data", str(unanswered)),
+                   "--eval-data: no conversation has an assistant reply to measure on", capsys)
