@@ -20,6 +20,7 @@ from specdec import LLM, SamplingParams
 from specdec.cli.main import main
 from specdec.training.distributed import World
 from specdec.training.examples import ExampleDataset, load_examples
+from specdec.training.state import STATE_FILE
 from specdec_mtp.training import loop
 from specdec_mtp.training.loop import FitOptions, FrozenTarget, evaluate
 from specdec_mtp.training.model import new_layers
@@ -135,8 +136,8 @@ def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, monkeypa
     assert "resuming from step 3 (epoch 1, batch 3)" in " ".join(capsys.readouterr().err.split())
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    state_a = torch.load(whole / loop.STATE_FILE, weights_only=True)
-    state_b = torch.load(resumed / loop.STATE_FILE, weights_only=True)
+    state_a = torch.load(whole / STATE_FILE, weights_only=True)
+    state_b = torch.load(resumed / STATE_FILE, weights_only=True)
     assert state_a["position"] == state_b["position"] == {"step": 7, "epoch": 1, "batch": 3}
     moments = [(s["exp_avg"], s["exp_avg_sq"]) for s in state_a["optimizer"]["state"].values()]
     others = [(s["exp_avg"], s["exp_avg_sq"]) for s in state_b["optimizer"]["state"].values()]

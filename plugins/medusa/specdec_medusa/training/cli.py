@@ -22,9 +22,9 @@ from specdec.training.conversations import Example
 from specdec.training.distributed import World, every_rank, join, leave
 from specdec.training.examples import ExampleDataset, load_examples
 from specdec.training.token_frequency import coverage, frequency_ranking, token_counts
+from specdec.training.state import STATE_FILE, Position, read_state
 from specdec_medusa.training.cache import CachedStates, open_cache, write_cache
-from specdec_medusa.training.loop import (STATE_FILE, Evaluation, FitOptions, Position, StepReport, TargetStates, check_shape,
-                                          fit, read_state)
+from specdec_medusa.training.loop import Evaluation, FitOptions, StepReport, TargetStates, check_shape, fit
 from specdec_medusa.training.model import export, new_heads
 from specdec_medusa.training.objective import TrainingVocabulary
 

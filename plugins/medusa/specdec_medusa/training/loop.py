@@ -10,9 +10,8 @@ steps an uninterrupted run would have taken.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,11 @@ from specdec.errors import ConfigError
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
 from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec.training.schedule import warmup_cosine
+from specdec.training.state import Position, restore_state
+from specdec.training.state import save_state as save_training_state
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
 from specdec_medusa.training.objective import HeadScores, TrainingVocabulary, chain_acceptance, medusa_loss
-
-STATE_FILE = "training_state.pt"
 
 
 @dataclass
@@ -52,15 +51,6 @@ class FitOptions:
     eval_every: int = 0
     #: Train the softmax over the this many most frequent reply tokens (0: the whole vocabulary).
     train_vocab: int = 0
-
-
-@dataclass
-class Position:
-    """Where training stands: optimizer steps taken, the epoch, batches of it already trained on."""
-
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0
 
 
 @dataclass
@@ -144,7 +134,7 @@ def fit(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], torch.Te
         at = Position(at.step + 1, at.epoch, at.batch + 1)
         if at.batch == len(batches):
             at = Position(at.step, at.epoch + 1, 0)
-        scores, tokens = _summed(scores, int(batch["length"].sum()), world)
+        scores, tokens = scores.summed(int(batch["length"].sum()), world)
         report = StepReport(at.step, at.epoch, scores.weighted_loss(options.decay), scores.losses(), scores.accuracies(),
                             tokens)
         boundary = at.batch == 0 or at.step == options.steps
@@ -183,31 +173,10 @@ def evaluate(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], tor
     return Evaluation(scores.losses(), scores.accuracies(), 1 + accepted / steps if steps else 1.0)
 
 
-def _summed(scores: HeadScores, tokens: int, world: World) -> tuple[HeadScores, int]:
-    """The step's scores and tokens over every rank."""
-    k = len(scores.counts)
-    totals = sum_across([*scores.loss_sums, *scores.correct, *scores.counts, tokens], world)
-    return HeadScores(totals[:k], totals[k : 2 * k], totals[2 * k : 3 * k]), int(totals[-1])
-
-
 def save_state(directory: Path, heads: MedusaHeads, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler, at: Position, options: FitOptions) -> None:
-    """Everything a resumed run needs, written atomically (a crash mid-write keeps the last state)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {"position": asdict(at), "heads": {n: p.detach().cpu() for n, p in trainable_state(heads).items()},
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "options": asdict(options),
-             "shape": _shape(heads)}
-    partial = directory / (STATE_FILE + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, directory / STATE_FILE)
-
-
-def read_state(directory: str | Path) -> dict[str, Any]:
-    """The training state saved in ``directory`` (one-line error when there is none)."""
-    path = Path(directory) / STATE_FILE
-    if not path.is_file():
-        raise ConfigError(f"--resume: no {STATE_FILE} in {str(directory)!r} to resume from")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """Save what a resumed run needs (:func:`specdec.training.state.save_state`)."""
+    save_training_state(directory, trainable_state(heads), optimizer, scheduler, at, options, _shape(heads))
 
 
 def check_shape(state: dict[str, Any], num_heads: int, num_layers: int, shared_lm_head: bool) -> None:
@@ -221,12 +190,7 @@ def load_state(state: dict[str, Any], heads: MedusaHeads, optimizer: torch.optim
                scheduler: torch.optim.lr_scheduler.LRScheduler) -> Position:
     """Restore a saved state into ``heads``, ``optimizer`` and ``scheduler``; where it stood."""
     check_shape(state, **_shape(heads))
-    with torch.no_grad():
-        for name, param in trainable_state(heads).items():
-            param.copy_(state["heads"][name])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return Position(**state["position"])
+    return restore_state(state, trainable_state(heads), optimizer, scheduler)
 
 
 def _shape(heads: MedusaHeads) -> dict[str, Any]:

@@ -26,28 +26,18 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from specdec.training.state import Scores
 from specdec_medusa.heads import MedusaHeads
 
 
 @dataclass
-class HeadScores:
+class HeadScores(Scores):
     """Per head: summed cross-entropy, top-1 hits and positions scored (over a batch or more)."""
 
-    loss_sums: list[float]
-    correct: list[int]
-    counts: list[int]
     #: ``[B, T, heads]``: head ``k`` at position ``t`` predicted token ``t + k + 2`` (when asked for).
     hits: torch.Tensor | None = None
     #: ``[B, T, heads]``: where head ``k`` at position ``t`` was scored (when asked for).
     scored: torch.Tensor | None = None
-
-    def losses(self) -> list[float]:
-        """Each head's mean cross-entropy (0 where it scored nothing)."""
-        return [s / n if n else 0.0 for s, n in zip(self.loss_sums, self.counts)]
-
-    def accuracies(self) -> list[float]:
-        """Each head's top-1 accuracy (0 where it scored nothing)."""
-        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
 
     def weighted_loss(self, decay: float) -> float:
         """The training objective's value: ``sum_k decay ** k * mean loss of head k``."""

@@ -20,8 +20,8 @@ from specdec.models import load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
 from specdec.training.distributed import every_rank, join, leave
 from specdec.training.examples import ExampleDataset, load_examples
-from specdec_mtp.training.loop import (STATE_FILE, Evaluation, FitOptions, FrozenTarget, Position, StepReport,
-                                       check_shape, fit, read_state)
+from specdec.training.state import STATE_FILE, Position, read_state
+from specdec_mtp.training.loop import Evaluation, FitOptions, FrozenTarget, StepReport, check_shape, fit
 from specdec_mtp.training.model import export, export_into_target_copy, new_layers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -10,7 +10,6 @@ steps an uninterrupted run would have taken.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,10 +22,10 @@ from specdec.errors import ConfigError
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
 from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec.training.schedule import warmup_cosine
+from specdec.training.state import Position, restore_state
+from specdec.training.state import save_state as save_training_state
 from specdec_mtp.training.model import trainable_state
 from specdec_mtp.training.objective import DepthScores, mtp_loss
-
-STATE_FILE = "training_state.pt"
 
 
 @dataclass
@@ -50,15 +49,6 @@ class FitOptions:
     save_every: int = 0
     #: Measure the held-out set every this many steps; always at each epoch's end and the last step.
     eval_every: int = 0
-
-
-@dataclass
-class Position:
-    """Where training stands: optimizer steps taken, the epoch, batches of it already trained on."""
-
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0
 
 
 @dataclass
@@ -139,7 +129,7 @@ def fit(layers: nn.ModuleList, target: FrozenTarget, dataset: torch.utils.data.D
         at = Position(at.step + 1, at.epoch, at.batch + 1)
         if at.batch == len(batches):
             at = Position(at.step, at.epoch + 1, 0)
-        scores, tokens = _summed(scores, int(batch["length"].sum()), world)
+        scores, tokens = scores.summed(int(batch["length"].sum()), world)
         report = StepReport(at.step, at.epoch, scores.weighted_loss(options.decay), scores.losses(), scores.accuracies(),
                             tokens)
         boundary = at.batch == 0 or at.step == options.steps
@@ -175,31 +165,10 @@ def evaluate(layers: nn.ModuleList, target: FrozenTarget, dataset: torch.utils.d
     return Evaluation(scores.losses(), scores.accuracies())
 
 
-def _summed(scores: DepthScores, tokens: int, world: World) -> tuple[DepthScores, int]:
-    """The step's scores and tokens over every rank."""
-    n = len(scores.counts)
-    totals = sum_across([*scores.loss_sums, *scores.correct, *scores.counts, tokens], world)
-    return DepthScores(totals[:n], totals[n : 2 * n], totals[2 * n : 3 * n]), int(totals[-1])
-
-
 def save_state(directory: Path, layers: nn.ModuleList, optimizer: torch.optim.Optimizer,
                scheduler: torch.optim.lr_scheduler.LRScheduler, at: Position, options: FitOptions) -> None:
-    """Everything a resumed run needs, written atomically (a crash mid-write keeps the last state)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    state = {"position": asdict(at), "layers": {n: p.detach().cpu() for n, p in trainable_state(layers).items()},
-             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "options": asdict(options),
-             "shape": {"num_layers": len(layers)}}
-    partial = directory / (STATE_FILE + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, directory / STATE_FILE)
-
-
-def read_state(directory: str | Path) -> dict[str, Any]:
-    """The training state saved in ``directory`` (one-line error when there is none)."""
-    path = Path(directory) / STATE_FILE
-    if not path.is_file():
-        raise ConfigError(f"--resume: no {STATE_FILE} in {str(directory)!r} to resume from")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """Save what a resumed run needs (:func:`specdec.training.state.save_state`)."""
+    save_training_state(directory, trainable_state(layers), optimizer, scheduler, at, options, {"num_layers": len(layers)})
 
 
 def check_shape(state: dict[str, Any], num_layers: int) -> None:
@@ -213,9 +182,4 @@ def load_state(state: dict[str, Any], layers: nn.ModuleList, optimizer: torch.op
                scheduler: torch.optim.lr_scheduler.LRScheduler) -> Position:
     """Restore a saved state into ``layers``, ``optimizer`` and ``scheduler``; where it stood."""
     check_shape(state, len(layers))
-    with torch.no_grad():
-        for name, param in trainable_state(layers).items():
-            param.copy_(state["layers"][name])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    return Position(**state["position"])
+    return restore_state(state, trainable_state(layers), optimizer, scheduler)

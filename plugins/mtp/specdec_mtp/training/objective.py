@@ -28,22 +28,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specdec.training.state import Scores
+
 
 @dataclass
-class DepthScores:
+class DepthScores(Scores):
     """Per depth: summed cross-entropy, top-1 hits and positions scored (over a batch or more)."""
-
-    loss_sums: list[float]
-    correct: list[int]
-    counts: list[int]
-
-    def losses(self) -> list[float]:
-        """Each depth's mean cross-entropy (0 where it scored nothing)."""
-        return [s / n if n else 0.0 for s, n in zip(self.loss_sums, self.counts)]
-
-    def accuracies(self) -> list[float]:
-        """Each depth's top-1 accuracy (0 where it scored nothing)."""
-        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
 
     def weighted_loss(self, decay: float) -> float:
         """The training objective's value: ``sum_k decay ** (k - 1) * L_k / D``."""

@@ -1,0 +1,85 @@
+"""A trainer's resumable state: where training stands, and the file that holds it.
+
+The drafter trainers (Medusa heads, MTP layers) save the trainable parameters, the optimizer and
+schedule, the options and the position in one file, written atomically, and a resumed run restores
+exactly that: with the data and seed unchanged it takes the very steps an uninterrupted run takes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.errors import ConfigError
+from specdec.training.distributed import World, sum_across
+
+#: The training state's file in a trainer's ``--output`` directory.
+STATE_FILE = "training_state.pt"
+
+
+@dataclass
+class Position:
+    """Where training stands: optimizer steps taken, the epoch, batches of it already trained on."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+@dataclass
+class Scores:
+    """Per output (head, depth): summed cross-entropy, top-1 hits and positions scored."""
+
+    loss_sums: list[float]
+    correct: list[int]
+    counts: list[int]
+
+    def losses(self) -> list[float]:
+        """Each output's mean cross-entropy (0 where it scored nothing)."""
+        return [s / n if n else 0.0 for s, n in zip(self.loss_sums, self.counts)]
+
+    def accuracies(self) -> list[float]:
+        """Each output's top-1 accuracy (0 where it scored nothing)."""
+        return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
+
+    def summed(self, tokens: int, world: World) -> tuple[Scores, int]:
+        """These scores and ``tokens`` summed over every rank (the same type back)."""
+        n = len(self.counts)
+        totals = sum_across([*self.loss_sums, *self.correct, *self.counts, tokens], world)
+        return type(self)(totals[:n], totals[n : 2 * n], totals[2 * n : 3 * n]), int(totals[-1])
+
+
+def save_state(directory: Path, parameters: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+               scheduler: torch.optim.lr_scheduler.LRScheduler, at: Position, options: Any, shape: dict[str, Any]) -> None:
+    """Everything a resumed run needs, written atomically (a crash mid-write keeps the last state).
+    ``options`` is the trainer's options dataclass; ``shape`` what a resumed run must match."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {"position": asdict(at), "parameters": {n: p.detach().cpu() for n, p in parameters.items()},
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "options": asdict(options),
+             "shape": shape}
+    partial = directory / (STATE_FILE + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, directory / STATE_FILE)
+
+
+def read_state(directory: str | Path) -> dict[str, Any]:
+    """The training state saved in ``directory`` (one-line error when there is none)."""
+    path = Path(directory) / STATE_FILE
+    if not path.is_file():
+        raise ConfigError(f"--resume: no {STATE_FILE} in {str(directory)!r} to resume from")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def restore_state(state: dict[str, Any], parameters: dict[str, torch.Tensor], optimizer: torch.optim.Optimizer,
+                  scheduler: torch.optim.lr_scheduler.LRScheduler) -> Position:
+    """Put a saved state back into ``parameters``, ``optimizer`` and ``scheduler``; where it stood."""
+    with torch.no_grad():
+        for name, param in parameters.items():
+            param.copy_(state["parameters"][name])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    return Position(**state["position"])
