@@ -54,9 +54,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+#: Architectures whose rotary embedding is called with a layer's kind (Gemma 3's local and global
+#: RoPE), which MTP blocks do not support yet.
+ROTARY_PER_LAYER_KIND = ("gemma3", "gemma3_text")
+
+
 def block_classes(config: PretrainedConfig) -> tuple[type[nn.Module], type[nn.Module]]:
     """The target's decoder-layer and RMSNorm classes: ``<Model>DecoderLayer`` and ``<Model>RMSNorm``
     (else :class:`RMSNorm`) of the modeling module of its ``<Model>ForCausalLM``."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in ROTARY_PER_LAYER_KIND:
+        raise ModelLoadError(f"MTP: model_type {model_type!r} is not supported yet (its rotary embedding takes each "
+                             "layer's kind, which an MTP block does not pass)")
     try:
         causal = AutoModelForCausalLM._model_mapping[type(config)]
     except KeyError:

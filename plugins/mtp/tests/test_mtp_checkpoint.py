@@ -103,9 +103,14 @@ def test_speculative_model_names_the_directory(tiny, tmp_path: Path) -> None:
     llm.close()
 
 
-def test_target_without_a_decoder_layer_class_is_refused(tmp_path: Path) -> None:
-    target = make_tiny_model("gpt2")
-    with pytest.raises(ModelLoadError, match="no decoder-layer class for model_type 'gpt2'"):
+@pytest.mark.parametrize(("architecture", "message"), [
+    ("gpt2", "no decoder-layer class for model_type 'gpt2'"),
+    ("gemma3", "model_type 'gemma3_text' is not supported yet"),
+])
+def test_a_target_mtp_blocks_cannot_be_built_for_is_refused(tmp_path: Path, architecture: str, message: str) -> None:
+    """Refused when the LLM is built, with one error naming the model type, not mid-drafting."""
+    target = make_tiny_model(architecture)
+    with pytest.raises(ModelLoadError, match=message):
         LLM(target.model, {"method": "mtp", "speculative_model": str(tmp_path)}, tokenizer=target.tokenizer)
 
 
