@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -21,6 +16,7 @@ from specdec.progress import Progress
 from specdec.training.conversations import Example
 from specdec.training.distributed import World, every_rank, join, leave
 from specdec.training.examples import ExampleDataset, load_examples
+from specdec.training.reporting import TrainingProgress, heldout_note, per_output, split_heldout, write_record
 from specdec.training.token_frequency import coverage, frequency_ranking, token_counts
 from specdec.training.state import STATE_FILE, Position, read_state
 from specdec_medusa.training.cache import CachedStates, open_cache, write_cache
@@ -46,10 +42,6 @@ def _check(num_heads: int, num_layers: int, epochs: int, max_steps: int | None, 
         raise ConfigError(f"--eval-fraction: must be in [0, 1), got {eval_fraction}")
     if eval_fraction and eval_data:
         raise ConfigError("--eval-fraction and --eval-data are alternatives; give one")
-
-
-def _heads_line(values: list[float]) -> str:
-    return " ".join(f"{v:.2f}" for v in values)
 
 
 @click.command("medusa")
@@ -129,10 +121,7 @@ def medusa(data, output, model, dtype, device, num_heads, num_layers, share_lm_h
         if cache_states:
             dataset = _cached(cache_states, dataset, states, model, target, max_length, batch_size, world, console)
         if eval_fraction:
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-            held = max(1, round(eval_fraction * len(dataset)))
-            heldout = torch.utils.data.Subset(dataset, sorted(order[:held]))
-            dataset = torch.utils.data.Subset(dataset, sorted(order[held:]))
+            dataset, heldout = split_heldout(dataset, eval_fraction, seed)
         bf16 = every_rank(resolve_dtype(precision, world.device) == torch.bfloat16, world)
         heads = new_heads(num_heads, num_layers, target.get_output_embeddings().weight, share_lm_head).to(world.device)
         per_epoch = max(1, len(dataset) // (batch_size * world.size))
@@ -144,7 +133,7 @@ def medusa(data, output, model, dtype, device, num_heads, num_layers, share_lm_h
         console.print(f"training {num_heads} Medusa heads x {num_layers} block(s), "
                       f"{'sharing the target lm_head' if share_lm_head else 'each with its own lm_head'}: "
                       f"{len(examples)} conversations read ({assistant} reply tokens), {len(dataset)} trained on"
-                      f"{_held_note(heldout)}, "
+                      f"{heldout_note(heldout)}, "
                       f"{options.steps} steps x {batch_size} x {world.size} process(es), "
                       f"{'bfloat16 mixed' if bf16 else 'float32'} precision"
                       + (f", softmax over the {train_vocab} most frequent reply tokens ({covered:.1%} of them)" if vocabulary else ""))
@@ -153,45 +142,22 @@ def medusa(data, output, model, dtype, device, num_heads, num_layers, share_lm_h
 
         def save(at: Position) -> None:
             export(heads, output, DTYPES[export_dtype], base)
-            record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "position": asdict(at), "options": asdict(options),
-                      "share_lm_head": share_lm_head, "data": list(data), "eval_data": list(eval_data),
-                      "heldout_conversations": len(heldout) if heldout is not None else 0, **last}
-            (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+            write_record(output, at, options, data, eval_data, heldout, share_lm_head=share_lm_head, **last)
 
-        with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("epoch {task.fields[epoch]}"),
-                      TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("top-1 {task.fields[acc]}"),
-                      TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
-            start = Position()
-            task = progress.add_task("fit", total=options.steps, epoch=1, loss=float("nan"), acc="-", speed="")
-            smooth: dict[str, list[float]] = {}
-            seen = {"tokens": 0}
+        with TrainingProgress(console, options.steps, saved) as progress:
 
             def on_step(report: StepReport) -> None:
-                for name, values in (("loss", [report.loss]), ("acc", report.accuracies)):
-                    old = smooth.get(name)
-                    smooth[name] = values if old is None else [0.9 * a + 0.1 * b for a, b in zip(old, values)]
                 last.update(step=report.step, train_loss_per_head=report.losses, train_accuracy_per_head=report.accuracies)
-                seen["tokens"] += report.tokens
-                elapsed = progress.tasks[0].elapsed or float("inf")
-                rate = (report.step - start.step) / elapsed
-                progress.update(task, completed=report.step, epoch=report.epoch + 1, loss=smooth["loss"][0],
-                                acc=_heads_line(smooth["acc"]), speed=f"{seen['tokens'] / elapsed:.0f} tok/s {1 / rate:.1f} s/step")
+                progress.step(report.step, report.epoch, report.loss, report.accuracies, report.tokens)
                 if report.heldout is not None:
                     _record(last, report.heldout, report.step)
-                    progress.console.print(_held_line(report.step, report.heldout))
+                    progress.print(_held_line(report.step, report.heldout))
 
-            if saved is not None:
-                start = Position(**saved["position"])
-                progress.update(task, completed=start.step)
-                progress.console.print(f"resuming from step {start.step} (epoch {start.epoch + 1}, batch {start.batch})")
-            began = time.monotonic()
             at = fit(heads, states, dataset, options, world, output, saved, on_step, save, heldout, vocabulary)
-            took = time.monotonic() - began
-        if at.step == start.step and world.is_main:
+        if at.step == progress.start.step and world.is_main:
             save(at)  # nothing left to train: still leave the heads of the saved state
-        if at.step > start.step:
-            console.print(f"{at.step - start.step} steps in {took:.0f} s: {seen['tokens'] / took:.0f} tokens/s, "
-                          f"{took / (at.step - start.step):.2f} s/step (held-out measurements and saves included)")
+        if (speed := progress.speed_line(at)) is not None:
+            console.print(speed)
         console.print(f"wrote {num_heads} heads ({'shared' if share_lm_head else 'own'} lm_head, {export_dtype}) to {output}")
     finally:
         leave(world)
@@ -214,12 +180,8 @@ def _cached(directory: str, dataset: ExampleDataset, states: TargetStates, model
         return write_cache(directory, dataset, states, identity, batch_size, lambda n: progress.update(task, advance=n))
 
 
-def _held_note(heldout: torch.utils.data.Dataset | None) -> str:
-    return f", {len(heldout)} held out" if heldout is not None else ""
-
-
 def _held_line(step: int, evaluation: Evaluation) -> str:
-    return (f"step {step}: held-out loss per head {_heads_line(evaluation.losses)}, top-1 {_heads_line(evaluation.accuracies)}, "
+    return (f"step {step}: held-out loss per head {per_output(evaluation.losses)}, top-1 {per_output(evaluation.accuracies)}, "
             f"estimated chain acceptance length {evaluation.acceptance_length:.2f}")
 
 

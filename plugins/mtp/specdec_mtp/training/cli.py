@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import click
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.cli.common import quiet_transformers
 from specdec.errors import ConfigError
 from specdec.models import load_model, resolve_device, resolve_dtype
-from specdec.progress import Progress
 from specdec.training.distributed import every_rank, join, leave
 from specdec.training.examples import ExampleDataset, load_examples
+from specdec.training.reporting import TrainingProgress, heldout_note, per_output, split_heldout, write_record
 from specdec.training.state import STATE_FILE, Position, read_state
 from specdec_mtp.training.loop import Evaluation, FitOptions, FrozenTarget, StepReport, check_shape, fit
 from specdec_mtp.training.model import export, export_into_target_copy, new_layers
@@ -44,10 +38,6 @@ def _check(num_layers: int, epochs: int, max_steps: int | None, batch_size: int,
         raise ConfigError("--eval-fraction and --eval-data are alternatives; give one")
     if into_target_copy is not None and Path(into_target_copy).resolve() == Path(output).resolve():
         raise ConfigError("--into-target-copy: must be another directory than --output")
-
-
-def _depths_line(values: list[float]) -> str:
-    return " ".join(f"{v:.2f}" for v in values)
 
 
 @click.command("mtp")
@@ -118,10 +108,7 @@ def mtp(data, output, into_target_copy, model, dtype, device, num_layers, epochs
                 if eval_data else None
         dataset = ExampleDataset(examples)
         if eval_fraction:
-            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-            held = max(1, round(eval_fraction * len(dataset)))
-            heldout = torch.utils.data.Subset(dataset, sorted(order[:held]))
-            dataset = torch.utils.data.Subset(dataset, sorted(order[held:]))
+            dataset, heldout = split_heldout(dataset, eval_fraction, seed)
         frozen = FrozenTarget(target)
         layers = new_layers(target, num_layers).to(world.device)
         bf16 = every_rank(resolve_dtype(precision, world.device) == torch.bfloat16, world)
@@ -132,7 +119,7 @@ def mtp(data, output, into_target_copy, model, dtype, device, num_layers, epochs
         assistant = sum(int(e.loss_mask.sum()) for e in examples)
         console.print(f"training {num_layers} MTP layer(s) ({type(layers[0].block).__name__} blocks) on a frozen "
                       f"{target.config.model_type} target: {len(examples)} conversations read ({assistant} reply tokens), "
-                      f"{len(dataset)} trained on{_held_note(heldout)}, "
+                      f"{len(dataset)} trained on{heldout_note(heldout)}, "
                       f"{options.steps} steps x {batch_size} x {world.size} process(es), "
                       f"{'bfloat16 mixed' if bf16 else 'float32'} precision")
         base = model or "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded default's hub id
@@ -140,46 +127,23 @@ def mtp(data, output, into_target_copy, model, dtype, device, num_layers, epochs
 
         def save(at: Position) -> None:
             export(layers, target.config, output, DTYPES[export_dtype], base)
-            record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "position": asdict(at), "options": asdict(options),
-                      "data": list(data), "eval_data": list(eval_data),
-                      "heldout_conversations": len(heldout) if heldout is not None else 0, **last}
-            (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+            write_record(output, at, options, data, eval_data, heldout, **last)
 
-        with Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("epoch {task.fields[epoch]}"),
-                      TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("top-1 {task.fields[acc]}"),
-                      TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=console) as progress:
-            start = Position()
-            task = progress.add_task("fit", total=options.steps, epoch=1, loss=float("nan"), acc="-", speed="")
-            smooth: dict[str, list[float]] = {}
-            seen = {"tokens": 0}
+        with TrainingProgress(console, options.steps, saved) as progress:
 
             def on_step(report: StepReport) -> None:
-                for name, values in (("loss", [report.loss]), ("acc", report.accuracies)):
-                    old = smooth.get(name)
-                    smooth[name] = values if old is None else [0.9 * a + 0.1 * b for a, b in zip(old, values)]
                 last.update(step=report.step, train_loss_per_depth=report.losses, train_accuracy_per_depth=report.accuracies)
-                seen["tokens"] += report.tokens
-                elapsed = progress.tasks[0].elapsed or float("inf")
-                rate = (report.step - start.step) / elapsed
-                progress.update(task, completed=report.step, epoch=report.epoch + 1, loss=smooth["loss"][0],
-                                acc=_depths_line(smooth["acc"]), speed=f"{seen['tokens'] / elapsed:.0f} tok/s {1 / rate:.1f} s/step")
+                progress.step(report.step, report.epoch, report.loss, report.accuracies, report.tokens)
                 if report.heldout is not None:
                     last.update(heldout_step=report.step, heldout_loss_per_depth=report.heldout.losses,
                                 heldout_accuracy_per_depth=report.heldout.accuracies)
-                    progress.console.print(_held_line(report.step, report.heldout))
+                    progress.print(_held_line(report.step, report.heldout))
 
-            if saved is not None:
-                start = Position(**saved["position"])
-                progress.update(task, completed=start.step)
-                progress.console.print(f"resuming from step {start.step} (epoch {start.epoch + 1}, batch {start.batch})")
-            began = time.monotonic()
             at = fit(layers, frozen, dataset, options, world, output, saved, on_step, save, heldout)
-            took = time.monotonic() - began
-        if at.step == start.step and world.is_main:
+        if at.step == progress.start.step and world.is_main:
             save(at)  # nothing left to train: still leave the layers of the saved state
-        if at.step > start.step:
-            console.print(f"{at.step - start.step} steps in {took:.0f} s: {seen['tokens'] / took:.0f} tokens/s, "
-                          f"{took / (at.step - start.step):.2f} s/step (held-out measurements and saves included)")
+        if (speed := progress.speed_line(at)) is not None:
+            console.print(speed)
         console.print(f"wrote {num_layers} MTP layer(s) ({export_dtype}) to {output}")
         if into_target_copy is not None and world.is_main:
             with console.status("writing the target copy"):
@@ -189,10 +153,6 @@ def mtp(data, output, into_target_copy, model, dtype, device, num_layers, epochs
         leave(world)
 
 
-def _held_note(heldout: torch.utils.data.Dataset | None) -> str:
-    return f", {len(heldout)} held out" if heldout is not None else ""
-
-
 def _held_line(step: int, evaluation: Evaluation) -> str:
-    return (f"step {step}: held-out loss per depth {_depths_line(evaluation.losses)}, "
-            f"top-1 {_depths_line(evaluation.accuracies)}")
+    return (f"step {step}: held-out loss per depth {per_output(evaluation.losses)}, "
+            f"top-1 {per_output(evaluation.accuracies)}")
