@@ -22,6 +22,31 @@ STATE_FILE = "training_state.pt"
 
 
 @dataclass
+class TrainingOptions:
+    """A drafter trainer's options that every trainer has (each adds its own and its defaults)."""
+
+    steps: int = 1000
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup: int = 20
+    #: Output ``k``'s loss weight is ``decay ** k`` (``k`` from 0: head or depth).
+    decay: float = 1.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    #: Positions per output whose logits are computed at once (memory: ``chunk x vocab`` floats).
+    chunk: int = 1024
+    #: Matrix products in bfloat16 (autocast); weights, optimizer and losses stay float32.
+    bf16: bool = False
+    #: Sort each group of 50 steps by length (little padding) rather than batching at random.
+    group_by_length: bool = True
+    seed: int = 0
+    #: Save (export and training state) every this many steps; always at each epoch's end and the last step.
+    save_every: int = 0
+    #: Measure the held-out set every this many steps; always at each epoch's end and the last step.
+    eval_every: int = 0
+
+
+@dataclass
 class Position:
     """Where training stands: optimizer steps taken, the epoch, batches of it already trained on."""
 

@@ -21,7 +21,7 @@ from specdec.errors import ConfigError
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
 from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec.training.schedule import warmup_cosine
-from specdec.training.state import Position, restore_state
+from specdec.training.state import Position, TrainingOptions, restore_state
 from specdec.training.state import save_state as save_training_state
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
@@ -29,26 +29,9 @@ from specdec_medusa.training.objective import HeadScores, TrainingVocabulary, ch
 
 
 @dataclass
-class FitOptions:
-    steps: int = 1000
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup: int = 20
+class FitOptions(TrainingOptions):
     #: Head ``k``'s loss weight is ``decay ** k`` (Medusa's 0.8).
     decay: float = 0.8
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    #: Positions per head whose logits are computed at once (memory: ``chunk x vocab`` floats).
-    chunk: int = 1024
-    #: The heads' matrix products in bfloat16 (autocast); weights, optimizer and losses stay float32.
-    bf16: bool = False
-    #: Sort each group of 50 steps by length (little padding) rather than batching at random.
-    group_by_length: bool = True
-    seed: int = 0
-    #: Save (export and training state) every this many steps; always at each epoch's end and the last step.
-    save_every: int = 0
-    #: Measure the held-out set every this many steps; always at each epoch's end and the last step.
-    eval_every: int = 0
     #: Train the softmax over the this many most frequent reply tokens (0: the whole vocabulary).
     train_vocab: int = 0
 

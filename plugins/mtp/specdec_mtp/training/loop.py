@@ -22,33 +22,17 @@ from specdec.errors import ConfigError
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
 from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
 from specdec.training.schedule import warmup_cosine
-from specdec.training.state import Position, restore_state
+from specdec.training.state import Position, TrainingOptions, restore_state
 from specdec.training.state import save_state as save_training_state
 from specdec_mtp.training.model import trainable_state
 from specdec_mtp.training.objective import DepthScores, mtp_loss
 
 
 @dataclass
-class FitOptions:
-    steps: int = 1000
-    batch_size: int = 8
+class FitOptions(TrainingOptions):
     lr: float = 3e-4
-    warmup: int = 20
     #: Depth ``k``'s loss weight is ``decay ** (k - 1)`` (DeepSeek's equal weights: 1).
     decay: float = 1.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    #: Positions per depth whose logits are computed at once (memory: ``chunk x vocab`` floats).
-    chunk: int = 1024
-    #: Matrix products in bfloat16 (autocast); weights, optimizer and losses stay float32.
-    bf16: bool = False
-    #: Sort each group of 50 steps by length (little padding) rather than batching at random.
-    group_by_length: bool = True
-    seed: int = 0
-    #: Save (export and training state) every this many steps; always at each epoch's end and the last step.
-    save_every: int = 0
-    #: Measure the held-out set every this many steps; always at each epoch's end and the last step.
-    eval_every: int = 0
 
 
 @dataclass
