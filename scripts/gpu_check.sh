@@ -98,7 +98,7 @@ bench() {
   # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
   # random_model.py's copy of it do).
   "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
-    --categories writing,roleplay,reasoning,math,coding,extraction,stem,humanities --baseline none,eager \
+    --categories mt_bench --baseline none,eager \
     --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
   # Host syncs per decoding step, and where they come from.
   "$PYTHON" scripts/count_host_syncs.py "$model" > "$LOGS/host-syncs.log" || status=1

@@ -12,6 +12,12 @@ from specdec.errors import ConfigError
 #: Prompt sets shipped with specdec (evaluation only: never train on them).
 BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/question.jsonl"}
 
+#: Names for groups of Spec-Bench's categories: its multi-turn conversation part is MT-Bench's
+#: eight categories, 10 prompts each.
+CATEGORY_GROUPS = {
+    "mt_bench": ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"),
+}
+
 
 @dataclass
 class Question:
@@ -46,9 +52,11 @@ def load_questions(dataset: str, categories: list[str] | None = None, per_catego
             raise ConfigError(f"--dataset: {source} line {n} is not a Spec-Bench row ({type(exc).__name__}: {exc})") from None
     if categories:
         known = {q.category for q in questions}
+        categories = [c for group in categories for c in (CATEGORY_GROUPS.get(group, (group,)) if group not in known else (group,))]
         unknown = [c for c in categories if c not in known]
         if unknown:
-            raise ConfigError(f"--categories: unknown {', '.join(unknown)}; {source} has {', '.join(sorted(known))}")
+            raise ConfigError(f"--categories: unknown {', '.join(unknown)}; {source} has {', '.join(sorted(known))} "
+                              f"(and the groups {', '.join(CATEGORY_GROUPS)})")
         questions = [q for q in questions if q.category in categories]
     if per_category:
         counts: dict[str, int] = {}

@@ -1,0 +1,21 @@
+"""Choosing Spec-Bench prompts: categories, the mt_bench group, the cap per category."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.bench.dataset import CATEGORY_GROUPS, load_questions
+from specdec.errors import ConfigError
+
+
+def test_mt_bench_names_spec_benchs_eight_conversation_categories():
+    questions = load_questions("spec_bench", ["mt_bench"])
+    assert sorted({q.category for q in questions}) == sorted(CATEGORY_GROUPS["mt_bench"])
+    assert len(questions) == 80 and all(len(q.turns) == 2 for q in questions)
+    mixed = load_questions("spec_bench", ["mt_bench", "rag"], per_category=1)
+    assert sorted(q.category for q in mixed) == sorted([*CATEGORY_GROUPS["mt_bench"], "rag"])
+
+
+def test_an_unknown_category_names_the_groups_too():
+    with pytest.raises(ConfigError, match=r"--categories: unknown poetry; .* \(and the groups mt_bench\)"):
+        load_questions("spec_bench", ["poetry"])
