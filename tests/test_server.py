@@ -281,6 +281,27 @@ def test_completion_stream_honours_stop_and_seed(server: Server, offline: LLM) -
     assert sampled[0] == sampled[1]
 
 
+def test_n_choices_streamed_and_whole(server: Server, offline: LLM) -> None:
+    """n choices are n requests: greedy ones all equal the offline output; seeded sampled ones
+    (choice i with seed + i) repeat on a second request; streamed, every choice's chunks add up to
+    its text, and usage counts the prompt once and every choice's tokens."""
+    client = server.client()
+    greedy = client.completions.create(model=MODEL, prompt="hello world", max_tokens=12, temperature=0, n=3)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert {c.text for c in greedy.choices} == {_greedy(offline, "hello world", 12)}
+    assert greedy.usage.completion_tokens == 3 * 12 and greedy.usage.prompt_tokens == len(offline.encode("hello world"))
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10, temperature=1.0, seed=5, n=2)
+    whole = [client.chat.completions.create(**chat) for _ in range(2)]
+    sampled = [[c.message.content for c in reply.choices] for reply in whole]
+    assert sampled[0] == sampled[1]
+    chunks = list(client.chat.completions.create(**chat, stream=True, stream_options={"include_usage": True}))
+    texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)]
+    assert texts == sampled[0]
+    assert chunks[-1].usage.completion_tokens == whole[0].usage.completion_tokens
+    finished = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1]
+
+
 def test_triton_generate_as_the_tutorial_sends_it(server: Server, offline: LLM) -> None:
     """The Triton tutorial's curl body (curl -d: a form content type), its reply shape, the prompt
     echoed unless excluded, and the speculation metrics on request; an unknown model is a 404."""
@@ -383,7 +404,7 @@ def test_concurrent_clients_each_get_their_offline_output(server: Server, offlin
     [
         ("/v1/completions", b'{"prompt": "hi", ', 400, None),
         ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "model"),
-        ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
         ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
         ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
@@ -392,7 +413,7 @@ def test_concurrent_clients_each_get_their_offline_output(server: Server, offlin
         ("/v1/completions", {"prompt": "a" * 2000}, 400, "prompt"),
         ("/v1/completions", {"prompt": "a" * 70000}, 413, None),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 17}, 400, "n"),
     ],
 )
 def test_client_errors_are_4xx_with_openai_error_json(server: Server, path: str, body: object, status: int,

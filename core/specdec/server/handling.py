@@ -40,6 +40,23 @@ async def submit(engine: AsyncEngine, prompt_ids: list[int], params: SamplingPar
         raise APIError(503, str(exc)) from None
 
 
+async def submit_all(engine: AsyncEngine, prompt_ids: list[int], params: list[SamplingParams], param: str) -> list[RequestStream]:
+    """One request per choice (``n``), all or none: a refused one aborts those added before it."""
+    streams: list[RequestStream] = []
+    try:
+        for choice in params:
+            streams.append(await submit(engine, prompt_ids, choice, param))
+    except BaseException:
+        abort_all(streams)
+        raise
+    return streams
+
+
+def abort_all(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream.abort()
+
+
 def failure(delta: RequestDelta) -> APIError | None:
     """The error a request ended with, if it did not complete: a server-side failure (its
     method failed for it) is a 500; an abort the client did not cause (shutdown) is a 503."""
@@ -75,6 +92,43 @@ async def collect(stream: RequestStream) -> Outcome:
     if error is not None:
         raise error
     return Outcome("".join(text), delta.finish_reason, delta.num_prompt_tokens, num_output_tokens, delta.metrics)
+
+
+async def collect_all(streams: list[RequestStream]) -> list[Outcome]:
+    """Every choice's whole output; the first failure aborts the others and is raised."""
+    try:
+        return list(await asyncio.gather(*(collect(stream) for stream in streams)))
+    finally:
+        abort_all(streams)
+
+
+async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
+    """The deltas of several requests as they come, each with its request's index; raises the
+    first :class:`EngineFailure`. Leaving the loop early stops reading (the caller aborts)."""
+    queue: asyncio.Queue[tuple[int, RequestDelta | EngineFailure | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for delta in stream:
+                queue.put_nowait((index, delta))
+        except EngineFailure as exc:
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, EngineFailure):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:

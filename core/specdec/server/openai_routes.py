@@ -11,15 +11,17 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from specdec.metrics import aggregate
 from specdec.server.async_engine import EngineFailure, RequestStream
 from specdec.server.errors import APIError
-from specdec.server.handling import EventStreamResponse, collect, event, failure, perf_metrics, submit, until_disconnected
+from specdec.server.handling import (EventStreamResponse, Outcome, abort_all, collect_all, event, failure, merged, perf_metrics,
+                                     submit_all, until_disconnected)
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse
 from specdec.server.state import ServerState
 
-#: Builds one streamed choice from a text increment, the finish reason (on the last chunk) and
-#: whether it is the first chunk.
-ChoiceBuilder = Callable[[str, str | None, bool], dict[str, Any]]
+#: Builds one streamed choice from its index, a text increment, the finish reason (on the last
+#: chunk) and whether it is the choice's first chunk.
+ChoiceBuilder = Callable[[int, str, str | None, bool], dict[str, Any]]
 
 
 @dataclass
@@ -59,20 +61,19 @@ def openai_router(state: ServerState) -> APIRouter:
         body.check_supported()
         prompt = body.single_prompt()
         prompt_ids = prompt if isinstance(prompt, list) else state.encode(prompt, chat=False, param="prompt")
-        stream = await submit(state.engine, prompt_ids, body.sampling_params(body.max_tokens or 16), "prompt")
+        params = [body.sampling_params(body.max_tokens or 16, i) for i in range(body.num_choices)]
+        streams = await submit_all(state.engine, prompt_ids, params, "prompt")
         reply = _Reply.new("cmpl", state.model_name)
         if body.stream:
 
-            def choice(text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-                return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            def choice(index: int, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
+                return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
-            events = _events(stream, reply, "text_completion", choice, body.include_usage, body.return_perf_metrics)
-            return EventStreamResponse(events, stream.abort)
-        outcome = await until_disconnected(request, collect(stream))
-        extra = {"perf_metrics": perf_metrics(outcome.metrics)} if body.return_perf_metrics else {}
-        choices = [{"index": 0, "text": outcome.text, "logprobs": None, "finish_reason": outcome.finish_reason}]
-        usage = _usage(outcome.num_prompt_tokens, outcome.num_output_tokens)
-        return JSONResponse(reply.body("text_completion", choices, usage=usage, **extra))
+            events = _events(streams, reply, "text_completion", choice, body.include_usage, body.return_perf_metrics)
+            return EventStreamResponse(events, lambda: abort_all(streams))
+        outcomes = await until_disconnected(request, collect_all(streams))
+        choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason} for i, o in enumerate(outcomes)]
+        return JSONResponse(reply.body("text_completion", choices, **_totals(outcomes, body.return_perf_metrics)))
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -81,48 +82,60 @@ def openai_router(state: ServerState) -> APIRouter:
         body.check_supported()
         prompt_ids = state.encode(body.conversation(), chat=True, param="messages")
         max_tokens = body.max_completion_tokens or body.max_tokens or max(state.max_length - len(prompt_ids), 1)
-        stream = await submit(state.engine, prompt_ids, body.sampling_params(max_tokens), "messages")
+        params = [body.sampling_params(max_tokens, i) for i in range(body.num_choices)]
+        streams = await submit_all(state.engine, prompt_ids, params, "messages")
         reply = _Reply.new("chatcmpl", state.model_name)
         if body.stream:
 
-            def choice(text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
+            def choice(index: int, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
                 delta = {"role": "assistant", "content": text} if first else {"content": text}
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
 
-            events = _events(stream, reply, "chat.completion.chunk", choice, body.include_usage, body.return_perf_metrics)
-            return EventStreamResponse(events, stream.abort)
-        outcome = await until_disconnected(request, collect(stream))
-        extra = {"perf_metrics": perf_metrics(outcome.metrics)} if body.return_perf_metrics else {}
-        message = {"role": "assistant", "content": outcome.text}
-        choices = [{"index": 0, "message": message, "logprobs": None, "finish_reason": outcome.finish_reason}]
-        usage = _usage(outcome.num_prompt_tokens, outcome.num_output_tokens)
-        return JSONResponse(reply.body("chat.completion", choices, usage=usage, **extra))
+            events = _events(streams, reply, "chat.completion.chunk", choice, body.include_usage, body.return_perf_metrics)
+            return EventStreamResponse(events, lambda: abort_all(streams))
+        outcomes = await until_disconnected(request, collect_all(streams))
+        choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": None,
+                    "finish_reason": o.finish_reason} for i, o in enumerate(outcomes)]
+        return JSONResponse(reply.body("chat.completion", choices, **_totals(outcomes, body.return_perf_metrics)))
 
     return router
 
 
-async def _events(stream: RequestStream, reply: _Reply, obj: str, choice: ChoiceBuilder, include_usage: bool,
+def _totals(outcomes: list[Outcome], return_perf_metrics: bool) -> dict[str, Any]:
+    """``usage`` over every choice (the prompt counted once, as OpenAI does) and, when asked for,
+    the speculation metrics of all choices together."""
+    extra: dict[str, Any] = {"usage": _usage(outcomes[0].num_prompt_tokens, sum(o.num_output_tokens for o in outcomes))}
+    if return_perf_metrics:
+        extra["perf_metrics"] = perf_metrics(aggregate(o.metrics for o in outcomes))
+    return extra
+
+
+async def _events(streams: list[RequestStream], reply: _Reply, obj: str, choice: ChoiceBuilder, include_usage: bool,
                   return_perf_metrics: bool) -> AsyncIterator[str]:
-    """The chunks of a streamed response, then ``[DONE]``. A request that fails on the server
-    after the stream started ends with an OpenAI error event (as vLLM sends it) before ``[DONE]``."""
+    """The chunks of a streamed response, each choice's as they come, then the usage chunk (when
+    asked for) once every choice finished, then ``[DONE]``. A request that fails on the server
+    after the stream started ends it with an OpenAI error event (as vLLM sends it) before ``[DONE]``."""
     extra: dict[str, Any] = {"usage": None} if include_usage else {}
-    first, num_output_tokens = True, 0
+    started: set[int] = set()
+    num_output_tokens, num_prompt_tokens = 0, 0
     try:
-        async for delta in stream:
+        async for index, delta in merged(streams):
             num_output_tokens += len(delta.new_token_ids)
+            num_prompt_tokens = delta.num_prompt_tokens
             error = failure(delta)
             if error is not None:
                 yield event(error.openai_body())
                 break
-            if not (delta.text_delta or delta.finished or first):
+            if not (delta.text_delta or delta.finished or index not in started):
                 continue
-            chunk = reply.body(obj, [choice(delta.text_delta, delta.finish_reason, first)], **extra)
-            first = False
+            chunk = reply.body(obj, [choice(index, delta.text_delta, delta.finish_reason, index not in started)], **extra)
+            started.add(index)
             if delta.finished and return_perf_metrics:
                 chunk["perf_metrics"] = perf_metrics(delta.metrics)
             yield event(chunk)
-            if delta.finished and include_usage:
-                yield event(reply.body(obj, [], usage=_usage(delta.num_prompt_tokens, num_output_tokens)))
+        else:
+            if include_usage:
+                yield event(reply.body(obj, [], usage=_usage(num_prompt_tokens, num_output_tokens)))
     except EngineFailure as exc:
         yield event(APIError(500, str(exc)).openai_body())
     yield event("[DONE]")

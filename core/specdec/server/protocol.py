@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.sampling import SamplingParams
 from specdec.server.errors import APIError, from_validation_error
+
+#: The most choices (``n``) one request may ask for: each is a request of the engine's.
+MAX_CHOICES = 16
 
 #: Fields of OpenAI's API this server does not implement, with the values that mean "off".
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -45,7 +48,7 @@ class _OpenAIRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1, description="vLLM: 0 or -1 disables it.")
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES, description="Choices to generate (default 1).")
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -54,12 +57,9 @@ class _OpenAIRequest(BaseModel):
     stream_options: StreamOptions | None = None
     return_perf_metrics: bool = False
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        return value
+    @property
+    def num_choices(self) -> int:
+        return self.n or 1
 
     @property
     def include_usage(self) -> bool:
@@ -71,8 +71,10 @@ class _OpenAIRequest(BaseModel):
             if name in _NEUTRAL and value not in _NEUTRAL[name]:
                 raise APIError(400, f"{name}: not supported by this server", name)
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """The engine's parameters; OpenAI's default temperature is 1 (sampling)."""
+    def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
+        """The engine's parameters for choice ``choice``; OpenAI's default temperature is 1
+        (sampling). With a ``seed``, choice ``i`` samples with ``seed + i``: the same seed for every
+        choice would give ``n`` copies of one output."""
         return make_sampling_params(
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -81,7 +83,7 @@ class _OpenAIRequest(BaseModel):
             stop=self.stop or [],
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
-            seed=self.seed,
+            seed=None if self.seed is None else self.seed + choice,
         )
 
 
