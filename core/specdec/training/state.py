@@ -71,6 +71,10 @@ class Scores:
         """Each output's top-1 accuracy (0 where it scored nothing)."""
         return [c / n if n else 0.0 for c, n in zip(self.correct, self.counts)]
 
+    def weighted_loss(self, decay: float) -> float:
+        """The training objective's value: ``sum_k decay ** k * mean loss of output k``."""
+        return sum(decay**k * loss for k, loss in enumerate(self.losses()))
+
     def summed(self, tokens: int, world: World) -> tuple[Scores, int]:
         """These scores and ``tokens`` summed over every rank (the same type back)."""
         n = len(self.counts)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from medusa_training_data import answered, saved_target
 from safetensors.torch import load_file
 
 from specdec import LLM, SamplingParams
@@ -17,17 +16,19 @@ from specdec.cli.main import main
 from specdec.errors import ModelLoadError
 from specdec.training.distributed import World
 from specdec.training.examples import ExampleDataset, load_examples
+from specdec.testing.training import Interrupted, answered, interrupted_after_save, saved_target
 from specdec.training.state import STATE_FILE
+from specdec.training.target import FrozenTarget
 from specdec_medusa.checkpoint import load_heads
-from specdec_medusa.training import loop
-from specdec_medusa.training.loop import FitOptions, TargetStates, evaluate
+from specdec_medusa.training.loop import FitOptions, evaluate
 from specdec_medusa.training.model import new_heads
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("medusa-train")
-    target, path = saved_target(directory / "target")
+    path = directory / "target"
+    target = saved_target(path)
     return {"dir": directory, "target": target, "target_dir": str(path), "data": str(answered(target, directory))}
 
 
@@ -51,7 +52,7 @@ def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[
     out = files["dir"] / "shared"
     target = files["target"]
     examples = load_examples((files["data"],), target.tokenizer, 2048)
-    before = evaluate(new_heads(3, 1, target.model.get_output_embeddings().weight, True), TargetStates(target.model),
+    before = evaluate(new_heads(3, 1, target.model.get_output_embeddings().weight, True), FrozenTarget(target.model),
                       ExampleDataset(examples), FitOptions(batch_size=4), World())
     assert main(train(files, out, "--epochs", "8", "--lr", "1e-2", "--warmup", "2", "--eval-data", files["data"],
                       "--export-dtype", "float32")) == 0
@@ -117,28 +118,14 @@ def test_own_lm_head_layout_and_loader_errors(files: dict, capsys: pytest.Captur
         load_heads(shared, hidden, vocab, target_lm_head=lm_head)
 
 
-class Interrupted(Exception):
-    pass
-
-
-def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
     """A run stopped after its step-3 save and resumed ends with exactly the weights (and
     optimizer state) of a run never stopped: same batches, schedule and Adam moments."""
     whole, resumed = files["dir"] / "whole", files["dir"] / "resumed"
     common = ("--max-steps", "7", "--save-every", "3", "--export-dtype", "float32", "--own-lm-head")
     assert main(train(files, whole, *common)) == 0
-    save_state = loop.save_state
-
-    def stop_after_step_3(directory, heads, optimizer, scheduler, at, options):
-        save_state(directory, heads, optimizer, scheduler, at, options)
-        if at.step == 3:
-            raise Interrupted
-
-    monkeypatch.setattr(loop, "save_state", stop_after_step_3)
-    with pytest.raises(Interrupted):
+    with interrupted_after_save(3), pytest.raises(Interrupted):
         main(train(files, resumed, *common))
-    monkeypatch.setattr(loop, "save_state", save_state)
     capsys.readouterr()
     assert json.loads((resumed / "training.json").read_text())["position"]["step"] == 3
     one_line_error(train(files, resumed, *common), "holds a training state; pass --resume to continue it", capsys)

@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from specdec.training.conversations import Example
 from specdec.training.distributed import World, join, leave
 from specdec.training.examples import ExampleDataset
-from specdec_medusa.training.loop import FitOptions, evaluate, fit
+from specdec.training.loop import fit
+from specdec_medusa.training.loop import FitOptions, MedusaTrainee, evaluate
 from specdec_medusa.training.model import new_heads, trainable_state
 
 VOCAB, HIDDEN = 13, 8
@@ -52,7 +53,7 @@ def _rank(rank: int, port: int, out: str) -> None:
                 p.add_(1.0)  # rank 0's weights must win
     options = FitOptions(steps=4, batch_size=2, lr=1e-2, warmup=0)
     dataset = _dataset()
-    fit(heads, Target(), dataset, options, world)
+    fit(MedusaTrainee(heads, Target(), options), dataset, options, world)
     evaluation = evaluate(heads, Target(), dataset, options, world)
     torch.save(({n: p.detach().clone() for n, p in trainable_state(heads).items()}, evaluation), f"{out}/{rank}.pt")
     leave(world)

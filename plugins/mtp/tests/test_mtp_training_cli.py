@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from mtp_training_data import answered, saved_llama
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -20,9 +19,9 @@ from specdec import LLM, SamplingParams
 from specdec.cli.main import main
 from specdec.training.distributed import World
 from specdec.training.examples import ExampleDataset, load_examples
+from specdec.testing.training import Interrupted, answered, interrupted_after_save, saved_target
 from specdec.training.state import STATE_FILE
-from specdec_mtp.training import loop
-from specdec_mtp.training.loop import FitOptions, FrozenTarget, evaluate
+from specdec_mtp.training.loop import FitOptions, MTPTarget, evaluate
 from specdec_mtp.training.model import new_layers
 
 OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
@@ -34,7 +33,7 @@ OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weigh
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict:
     directory = tmp_path_factory.mktemp("mtp-train")
-    target = saved_llama(directory / "target")
+    target = saved_target(directory / "target")
     return {"dir": directory, "target": target, "target_dir": str(directory / "target"),
             "data": str(answered(target, directory))}
 
@@ -67,7 +66,7 @@ def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[
     out, copy = files["dir"] / "layers", files["dir"] / "copy"
     target = files["target"]
     examples = load_examples((files["data"],), target.tokenizer, 2048)
-    before = evaluate(new_layers(target.model, 2), FrozenTarget(target.model), ExampleDataset(examples),
+    before = evaluate(new_layers(target.model, 2), MTPTarget(target.model), ExampleDataset(examples),
                       FitOptions(batch_size=4), World())
     assert main(train(files, out, "--epochs", "8", "--lr", "1e-2", "--warmup", "2", "--eval-data", files["data"],
                       "--export-dtype", "float32", "--into-target-copy", str(copy))) == 0
@@ -107,28 +106,14 @@ def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[
         assert overall["num_drafts"] > 0 and overall["mean_acceptance_length"] > 1.0
 
 
-class Interrupted(Exception):
-    pass
-
-
-def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
     """A run stopped after its step-3 save and resumed ends with exactly the layers (and
     optimizer state) of a run never stopped: same batches, schedule and Adam moments."""
     whole, resumed = files["dir"] / "whole", files["dir"] / "resumed"
     common = ("--max-steps", "7", "--save-every", "3", "--export-dtype", "float32")
     assert main(train(files, whole, *common)) == 0
-    save_state = loop.save_state
-
-    def stop_after_step_3(directory, layers, optimizer, scheduler, at, options):
-        save_state(directory, layers, optimizer, scheduler, at, options)
-        if at.step == 3:
-            raise Interrupted
-
-    monkeypatch.setattr(loop, "save_state", stop_after_step_3)
-    with pytest.raises(Interrupted):
+    with interrupted_after_save(3), pytest.raises(Interrupted):
         main(train(files, resumed, *common))
-    monkeypatch.setattr(loop, "save_state", save_state)
     capsys.readouterr()
     assert json.loads((resumed / "training.json").read_text())["position"]["step"] == 3
     one_line_error(train(files, resumed, *common), "holds a training state; pass --resume to continue it", capsys)

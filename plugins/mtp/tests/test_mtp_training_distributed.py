@@ -13,7 +13,8 @@ from specdec.testing import make_tiny_target
 from specdec.training.conversations import Example
 from specdec.training.distributed import World, join, leave
 from specdec.training.examples import ExampleDataset
-from specdec_mtp.training.loop import FitOptions, FrozenTarget, evaluate, fit
+from specdec.training.loop import fit
+from specdec_mtp.training.loop import FitOptions, MTPTarget, MTPTrainee, evaluate
 from specdec_mtp.training.model import new_layers, trainable_state
 
 
@@ -41,8 +42,8 @@ def _rank(rank: int, port: int, out: str) -> None:
                 p.add_(1.0)  # rank 0's weights must win
     options = FitOptions(steps=4, batch_size=2, lr=1e-2, warmup=0)
     dataset = _dataset(target.model.config.vocab_size)
-    frozen = FrozenTarget(target.model)
-    fit(layers, frozen, dataset, options, world)
+    frozen = MTPTarget(target.model)
+    fit(MTPTrainee(layers, frozen, options), dataset, options, world)
     evaluation = evaluate(layers, frozen, dataset, options, world)
     torch.save(({n: p.detach().clone() for n, p in trainable_state(layers).items()}, evaluation), f"{out}/{rank}.pt")
     leave(world)
@@ -63,7 +64,7 @@ def test_two_processes_train_the_same_layers(tmp_path) -> None:
     with torch.no_grad():
         for name, param in trainable_state(layers).items():
             param.copy_(w0[name])
-    single = evaluate(layers, FrozenTarget(target.model), _dataset(target.model.config.vocab_size), FitOptions(batch_size=2),
+    single = evaluate(layers, MTPTarget(target.model), _dataset(target.model.config.vocab_size), FitOptions(batch_size=2),
                       World())
     assert single.accuracies == e0.accuracies
     assert all(abs(a - b) < 1e-5 for a, b in zip(single.losses, e0.losses))

@@ -11,7 +11,7 @@ from specdec import LLM, SamplingParams
 from specdec.testing import make_tiny_target
 from specdec.testing.conformance import fixed_draft_len
 from specdec_mtp.drafter import MTPResources
-from specdec_mtp.training.loop import FrozenTarget
+from specdec_mtp.training.loop import MTPTarget
 from specdec_mtp.training.model import export, new_layers, trainable_state
 from specdec_mtp.training.objective import mtp_loss
 
@@ -24,7 +24,7 @@ def setup():
     with torch.no_grad():  # away from the pass-through start, so each depth drafts something of its own
         for name, param in trainable_state(layers).items():
             param.add_(0.05 * torch.randn_like(param))
-    return target, layers, FrozenTarget(target.model)
+    return target, layers, MTPTarget(target.model)
 
 
 def test_depth_k_at_position_i_is_the_drafters_draft_k(setup, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

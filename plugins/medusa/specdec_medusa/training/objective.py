@@ -39,10 +39,6 @@ class HeadScores(Scores):
     #: ``[B, T, heads]``: where head ``k`` at position ``t`` was scored (when asked for).
     scored: torch.Tensor | None = None
 
-    def weighted_loss(self, decay: float) -> float:
-        """The training objective's value: ``sum_k decay ** k * mean loss of head k``."""
-        return sum(decay**k * loss for k, loss in enumerate(self.losses()))
-
 
 def shifted(x: torch.Tensor, k: int, fill: int | bool = 0) -> torch.Tensor:
     """``x`` moved ``k`` positions left along dim 1 (``out[:, t] = x[:, t + k]``), ``fill`` at the end."""

@@ -1,0 +1,198 @@
+"""What every drafter trainer's command shares (``specdec train medusa``, ``specdec train mtp``):
+its common options and their checks, the resume rules, loading the target and the conversations,
+and running the core loop behind a progress bar that writes ``training.json`` at each save."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import torch
+from rich.console import Console
+
+from specdec.cli.common import quiet_transformers
+from specdec.errors import ConfigError
+from specdec.models import load_model, resolve_device, resolve_dtype
+from specdec.training.distributed import World, every_rank, join, leave
+from specdec.training.examples import ExampleDataset, load_examples
+from specdec.training.loop import StepReport, Trainee, check_shape, fit
+from specdec.training.reporting import TrainingProgress, split_heldout, write_record
+from specdec.training.state import STATE_FILE, Position, TrainingOptions, read_state
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The embedded default target's hub id, as exported checkpoints record their base model.
+DEFAULT_BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def trainer_options(output_help: str, unit: str, lr: float, lr_help: str, decay: float, decay_help: str) -> Callable:
+    """The options every trainer takes, for a trainer of ``unit`` s (``head``, ``depth``)."""
+    options = [
+        click.option("--data", multiple=True, required=True, type=click.Path(dir_okay=False),
+                     help="Conversations jsonl(.xz) the target answered itself (`specdec synthesize`, training-data/); "
+                          "repeatable."),
+        click.option("--output", required=True, type=click.Path(file_okay=False), help=output_help),
+        click.option("--model", default=None, help="Target: HF id or local dir (default: embedded SmolLM2-135M-Instruct)."),
+        click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True, help="Target dtype."),
+        click.option("--device", default=None, help="cuda or cpu (default: CUDA when present)."),
+        click.option("--epochs", type=int, default=1, show_default=True, help="Passes over the data."),
+        click.option("--max-steps", type=int, default=None, help="Optimizer steps in all (instead of --epochs)."),
+        click.option("--batch-size", type=int, default=8, show_default=True, help="Conversations per step and process."),
+        click.option("--max-length", type=int, default=2048, show_default=True,
+                     help="Truncate conversations to this many tokens."),
+        click.option("--limit", type=int, default=None, help="Train on the first this many conversations only."),
+        click.option("--lr", type=float, default=lr, show_default=True, help=lr_help),
+        click.option("--warmup", type=click.IntRange(min=0), default=20, show_default=True,
+                     help="Linear warm-up steps, then cosine decay to 0."),
+        click.option("--loss-decay", type=click.FloatRange(0, 1, min_open=True), default=decay, show_default=True,
+                     help=decay_help),
+        click.option("--precision", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
+                     help="The trained matrix products: bfloat16 (mixed; weights and losses stay float32) or float32. "
+                          "auto: bfloat16 where the device computes it natively (CUDA, CPUs with AMX or AVX512-BF16)."),
+        click.option("--chunk-size", type=int, default=1024, show_default=True,
+                     help=f"Positions per {unit} whose vocabulary logits are computed at once (memory: chunk x vocab floats)."),
+        click.option("--group-by-length/--no-group-by-length", default=True, show_default=True,
+                     help="Batch conversations of similar length together (less padding) rather than at random."),
+        click.option("--eval-fraction", type=float, default=0.0, show_default=True,
+                     help="Share of the conversations held out (seeded) to measure loss and accuracy on."),
+        click.option("--eval-data", multiple=True, type=click.Path(dir_okay=False),
+                     help="Measure on these conversations instead of --eval-fraction; repeatable."),
+        click.option("--eval-every", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Also measure the held-out set every this many steps (always: each epoch's end)."),
+        click.option("--save-every", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Also export and save the training state every this many steps (always: each epoch's end)."),
+        click.option("--resume", is_flag=True,
+                     help=f"Continue from --output's {STATE_FILE} (the same shape; the data and seed must match)."),
+        click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+
+    def decorate(command: Callable) -> Callable:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def check_options(counts: dict[str, int], epochs: int, max_steps: int | None, batch_size: int, lr: float,
+                  eval_fraction: float, data: tuple[str, ...], eval_data: tuple[str, ...], max_length: int,
+                  chunk_size: int, **_: Any) -> None:
+    """One-line errors for options click's types do not already bound; ``counts``: the trainer's
+    own ``{option name: value}`` that must be at least 1."""
+    for name, value in (*counts.items(), ("epochs", epochs), ("batch-size", batch_size), ("max-length", max_length),
+                        ("chunk-size", chunk_size)):
+        if value < 1:
+            raise ConfigError(f"--{name}: must be at least 1, got {value}")
+    if max_steps is not None and max_steps < 1:
+        raise ConfigError(f"--max-steps: must be at least 1, got {max_steps}")
+    if lr <= 0:
+        raise ConfigError(f"--lr: must be positive, got {lr}")
+    if not 0 <= eval_fraction < 1:
+        raise ConfigError(f"--eval-fraction: must be in [0, 1), got {eval_fraction}")
+    if eval_fraction and eval_data:
+        raise ConfigError("--eval-fraction and --eval-data are alternatives; give one")
+    for path in (*data, *eval_data):
+        if not Path(path).is_file():
+            raise ConfigError(f"--data: no file {path!r}" if path in data else f"--eval-data: no file {path!r}")
+
+
+def saved_state(output: str, resume: bool, shape: dict[str, Any], describe: Callable[[dict[str, Any]], str]) -> dict | None:
+    """The state to resume from (checked against ``shape``), or ``None`` for a new run, which
+    refuses an ``output`` already holding a state."""
+    if resume:
+        saved = read_state(output)
+        check_shape(saved, shape, describe)
+        return saved
+    if (Path(output) / STATE_FILE).exists():
+        raise ConfigError(f"--output: {output!r} holds a training state; pass --resume to continue it or choose another directory")
+    return None
+
+
+@dataclass
+class TrainingInputs:
+    """The loaded target and conversations of a trainer's run."""
+
+    world: World
+    console: Console
+    target: Any
+    tokenizer: Any
+    #: Every conversation read from ``--data`` (the vocabulary and counts are taken over them).
+    examples: list
+    dataset: torch.utils.data.Dataset
+    heldout: torch.utils.data.Dataset | None
+    #: Whether the trained products run in bfloat16 (every rank agrees).
+    bf16: bool
+
+
+@contextmanager
+def training_inputs(device: str | None, model: str | None, dtype: str, data: tuple[str, ...],
+                    eval_data: tuple[str, ...], max_length: int, limit: int | None, precision: str,
+                    wrap: Callable[[torch.utils.data.Dataset, Any, World, Console], torch.utils.data.Dataset] | None = None,
+                    eval_fraction: float = 0.0, seed: int = 0, **_: Any) -> Iterator[TrainingInputs]:
+    """Join the process group (none for one process), load the target and the conversations,
+    and hold ``eval_fraction`` of them out (after ``wrap``, which may put a cache in front of
+    the dataset); leave the group on the way out."""
+    quiet_transformers()
+    console = Console(stderr=True)
+    world = join(resolve_device(device))
+    try:
+        with console.status("loading the target and the data"):
+            target, tokenizer = load_model(model, dtype, world.device)
+            examples = load_examples(data, tokenizer, max_length, limit)
+            heldout = ExampleDataset(load_examples(eval_data, tokenizer, max_length, None, "--eval-data", "measure on")) \
+                if eval_data else None
+        dataset: torch.utils.data.Dataset = ExampleDataset(examples)
+        if wrap is not None:
+            dataset = wrap(dataset, target, world, console)
+        if eval_fraction:
+            dataset, heldout = split_heldout(dataset, eval_fraction, seed)
+        bf16 = every_rank(resolve_dtype(precision, world.device) == torch.bfloat16, world)
+        yield TrainingInputs(world, console, target, tokenizer, examples, dataset, heldout, bf16)
+    finally:
+        leave(world)
+
+
+def total_steps(max_steps: int | None, epochs: int, dataset: torch.utils.data.Dataset, batch_size: int, world: World) -> int:
+    """``--max-steps``, else ``--epochs`` whole passes over ``dataset``."""
+    return max_steps or max(1, len(dataset) // (batch_size * world.size)) * epochs
+
+
+def reply_tokens(examples: list) -> int:
+    """The assistant tokens (the ones trained on) in ``examples``."""
+    return sum(int(e.loss_mask.sum()) for e in examples)
+
+
+def run_training(trainee: Trainee, inputs: TrainingInputs, options: TrainingOptions, output: str, saved: dict | None,
+                 export: Callable[[], None], unit: str, heldout_fields: Callable[[Any], dict[str, Any]],
+                 heldout_line: Callable[[int, Any], str], record: dict[str, Any], data: tuple[str, ...],
+                 eval_data: tuple[str, ...]) -> Position:
+    """Train behind a progress bar; at each save point call ``export`` and write ``training.json``
+    (``record``'s fields, the latest training figures per ``unit`` and ``heldout_fields`` of the
+    latest held-out measurement); print each held-out measurement (``heldout_line``) and the
+    run's speed at the end. Where it stopped."""
+    world, last = inputs.world, dict(record)
+
+    def save(at: Position) -> None:
+        export()
+        write_record(output, at, options, data, eval_data, inputs.heldout, **last)
+
+    with TrainingProgress(inputs.console, options.steps, saved) as progress:
+
+        def on_step(report: StepReport) -> None:
+            last.update({"step": report.step, f"train_loss_per_{unit}": report.losses,
+                         f"train_accuracy_per_{unit}": report.accuracies})
+            progress.step(report.step, report.epoch, report.loss, report.accuracies, report.tokens)
+            if report.heldout is not None:
+                last.update(heldout_step=report.step, **heldout_fields(report.heldout))
+                progress.print(heldout_line(report.step, report.heldout))
+
+        at = fit(trainee, inputs.dataset, options, world, output, saved, on_step, save, inputs.heldout)
+    if at.step == progress.start.step and world.is_main:
+        save(at)  # nothing left to train: still leave the export of the saved state
+    if (speed := progress.speed_line(at)) is not None:
+        inputs.console.print(speed)
+    return at
