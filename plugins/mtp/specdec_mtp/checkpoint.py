@@ -8,7 +8,8 @@ under the block's own tensor names (its ``self_attn``, ``mlp``, ``input_layernor
 ``post_attention_layernorm``; DeepSeek's routed experts one by one as
 ``mlp.experts.{e}.{gate,up,down}_proj``), ``shared_head.norm``, ``shared_head.head`` and
 optionally ``embed_tokens`` (else the target's is used). A Llama target's layers (``specdec
-train mtp``) are stored the same way.
+train mtp``) are stored the same way, with ``shared_head.head`` left out when the trainer was told
+to (it is the target's frozen ``lm_head``; the target's is then used, as for ``embed_tokens``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def load_mtp_layers(directory: str | Path, config: PretrainedConfig, count: int)
     layers = []
     for index in indices:
         prefix = f"model.layers.{index}."
-        layer = MTPLayer(config, index, with_embedding=f"{prefix}embed_tokens.weight" in tensors)
+        layer = MTPLayer(config, index, with_embedding=f"{prefix}embed_tokens.weight" in tensors,
+                         with_head=f"{prefix}shared_head.head.weight" in tensors)
         wanted = layer.state_dict()
         state: dict[str, torch.Tensor] = {}
         for stored, param in mtp_tensor_names(layer, index).items():

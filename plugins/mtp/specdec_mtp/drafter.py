@@ -107,6 +107,8 @@ class MTPResources(ResourceManager):
         self.layers = [layer.to(target.device, target.dtype) for layer in layers]
         for layer in self.layers:
             prepack_linears(layer)
+            if layer.shared_head.head is None:
+                layer.shared_head.head = target.model.get_output_embeddings()
         self.target_embed = target.model.get_input_embeddings()
         self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device

@@ -105,7 +105,7 @@ class MTPLayer(nn.Module):
     """An MTP module; parameter names follow the checkpoint's ``model.layers.{index}.*`` minus the prefix
     (the decoder block's own tensors sit at the top level there, under ``block.`` here)."""
 
-    def __init__(self, config: PretrainedConfig, index: int, with_embedding: bool = False) -> None:
+    def __init__(self, config: PretrainedConfig, index: int, with_embedding: bool = False, with_head: bool = True) -> None:
         super().__init__()
         block_class, norm_class = block_classes(config)
         hidden, eps = int(config.hidden_size), float(config.rms_norm_eps)
@@ -117,7 +117,9 @@ class MTPLayer(nn.Module):
         self.block.self_attn.layer_idx = 0
         self.shared_head = nn.Module()
         self.shared_head.norm = norm_class(hidden, eps=eps)
-        self.shared_head.head = nn.Linear(hidden, int(config.vocab_size), bias=False)
+        # Without a head of its own (a checkpoint that leaves ``shared_head.head`` out), the layer
+        # projects through the target's ``lm_head``, which the drafter gives it.
+        self.shared_head.head = nn.Linear(hidden, int(config.vocab_size), bias=False) if with_head else None
         self.embed_tokens = nn.Embedding(int(config.vocab_size), hidden) if with_embedding else None
 
     def forward(

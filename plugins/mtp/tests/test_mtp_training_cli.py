@@ -106,6 +106,23 @@ def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[
         assert overall["num_drafts"] > 0 and overall["mean_acceptance_length"] > 1.0
 
 
+def test_layers_without_their_head_draft_through_the_target_lm_head(files: dict) -> None:
+    """--omit-shared-head leaves shared_head.head out of the export; the plugin then projects
+    through the target's lm_head, which is what training shared: the same run exported with the
+    head drafts exactly the same (same output, same acceptance)."""
+    common = ("--max-steps", "6", "--lr", "1e-2", "--warmup", "2", "--export-dtype", "float32")
+    with_head, without = files["dir"] / "with-head", files["dir"] / "without-head"
+    assert main(train(files, with_head, *common)) == 0
+    assert main(train(files, without, *common, "--omit-shared-head")) == 0
+    assert set(load_file(str(without / "model.safetensors"))) == \
+        {f"model.layers.{i}.{n}" for i in (2, 3) for n in OWN if n != "shared_head.head.weight"}
+    runs = [generate(files["target"].model, {"method": "mtp", "speculative_model": str(d), "max_draft_len": 2}, files)
+            for d in (with_head, without)]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    accepted = [[o.metrics.num_accepted_tokens for o in run] for run in runs]
+    assert accepted[0] == accepted[1] and sum(accepted[0]) > 0
+
+
 def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
     """A run stopped after its step-3 save and resumed ends with exactly the layers (and
     optimizer state) of a run never stopped: same batches, schedule and Adam moments."""

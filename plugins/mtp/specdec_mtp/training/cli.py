@@ -25,7 +25,11 @@ from specdec_mtp.training.model import export, export_into_target_copy, new_laye
                    "model.layers.{L}.. with num_nextn_predict_layers in its config.json, as DeepSeek ships them.")
 @click.option("--num-layers", type=int, default=1, show_default=True,
               help="MTP layers (num_nextn_predict_layers): layer k drafts the token k + 1 ahead of the target's state.")
-def mtp(into_target_copy: str | None, num_layers: int, **common) -> None:
+@click.option("--omit-shared-head", is_flag=True,
+              help="Leave shared_head.head (the target's frozen lm_head, 28M parameters for SmolLM2) out of the "
+                   "exported layers: the plugin then projects through the target's own lm_head. Small to ship, but "
+                   "vLLM and TensorRT-LLM require the tensor.")
+def mtp(into_target_copy: str | None, num_layers: int, omit_shared_head: bool, **common) -> None:
     """Train DeepSeek-V3 MTP layers on a frozen target (any Llama-style decoder) from conversations it answered."""
     output, batch_size = common["output"], common["batch_size"]
     if into_target_copy is not None and Path(into_target_copy).resolve() == Path(output).resolve():
@@ -47,7 +51,7 @@ def mtp(into_target_copy: str | None, num_layers: int, **common) -> None:
             f"{'bfloat16 mixed' if inputs.bf16 else 'float32'} precision")
         export_dtype, base = DTYPES[common["export_dtype"]], common["model"] or DEFAULT_BASE
         run_training(MTPTrainee(layers, MTPTarget(target), options), inputs, options, output, saved,
-                     lambda: export(layers, target.config, output, export_dtype, base), "depth", _heldout_fields,
+                     lambda: export(layers, target.config, output, export_dtype, base, not omit_shared_head), "depth", _heldout_fields,
                      _held_line, {}, common["data"], common["eval_data"])
         inputs.console.print(f"wrote {num_layers} MTP layer(s) ({common['export_dtype']}) to {output}")
         if into_target_copy is not None and world.is_main:

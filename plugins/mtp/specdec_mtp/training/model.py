@@ -73,20 +73,23 @@ def trainable_state(layers: nn.ModuleList) -> dict[str, torch.Tensor]:
     return {name: p for name, p in layers.named_parameters() if p.requires_grad}
 
 
-def deepseek_tensors(layers: nn.ModuleList, first: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def deepseek_tensors(layers: nn.ModuleList, first: int, dtype: torch.dtype, with_head: bool = True) -> dict[str, torch.Tensor]:
     """Every layer's tensors as ``model.layers.{first + k}.*``, cast to ``dtype`` (each a tensor of
-    its own: the shared ``lm_head`` is written once per layer, as DeepSeek ships it)."""
+    its own: the shared ``lm_head`` is written once per layer, as DeepSeek ships it, unless
+    ``with_head`` is false: then ``shared_head.head`` is left out and the plugin uses the target's)."""
     return {name: t.to(dtype).clone() for k, layer in enumerate(layers)
-            for name, t in mtp_layer_tensors(layer, first + k).items()}
+            for name, t in mtp_layer_tensors(layer, first + k).items()
+            if with_head or not name.endswith(".shared_head.head.weight")}
 
 
-def export(layers: nn.ModuleList, target_config: Any, output: str | Path, dtype: torch.dtype, base_model: str) -> None:
-    """Write ``model.safetensors`` (the layers only) and the target's ``config.json`` with
-    ``num_nextn_predict_layers`` and ``base_model_name_or_path`` to ``output``."""
+def export(layers: nn.ModuleList, target_config: Any, output: str | Path, dtype: torch.dtype, base_model: str,
+           with_head: bool = True) -> None:
+    """Write ``model.safetensors`` (the layers only; ``with_head``: :func:`deepseek_tensors`) and the
+    target's ``config.json`` with ``num_nextn_predict_layers`` and ``base_model_name_or_path`` to ``output``."""
     directory = Path(output)
     directory.mkdir(parents=True, exist_ok=True)
     first = int(target_config.num_hidden_layers)
-    save_file(deepseek_tensors(layers, first, dtype), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(deepseek_tensors(layers, first, dtype, with_head), str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     config = {**target_config.to_dict(), "num_nextn_predict_layers": len(layers), "base_model_name_or_path": base_model}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
