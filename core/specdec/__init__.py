@@ -9,14 +9,15 @@ from specdec.llm import LLM, RequestOutput
 from specdec.metrics import RequestMetrics
 from specdec.prepacked_linear import prepack_linears
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
-from specdec.resources import ResourceManager, TargetContext
+from specdec.resources import HiddenStateResources, ResourceManager, TargetContext
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 
 __all__ = [
-    "LLM",
     "ConfigError",
     "DraftProposal",
     "DraftingConfig",
+    "HiddenStateResources",
+    "LLM",
     "PlainDecodingConfig",
     "PluginError",
     "QueueFullError",

@@ -66,3 +66,22 @@ class ResourceManager:
         (:class:`~specdec.draft_policy.ResumeCost`); the time still counts in the request's metrics.
         """
         return 0.0
+
+
+class HiddenStateResources(ResourceManager):
+    """Resources of a method that drafts from the target's hidden states (EAGLE-3, Medusa, MTP):
+    the runner captures them (``request.target_output.hidden_states``) from construction until
+    ``release``, and a request's ``method_state`` is dropped when it finishes."""
+
+    def __init__(self, target: TargetContext) -> None:
+        super().__init__()
+        self.runner: ModelRunner | None = target.runner
+        self.runner.capture_hidden_states = True
+
+    def free_request(self, request: Request) -> None:
+        request.method_state = None
+
+    def release(self) -> None:
+        self.runner.capture_hidden_states = False
+        self.runner = None
+        super().release()

@@ -34,8 +34,8 @@ from torch.nn import functional as F
 
 from specdec import (
     DraftProposal,
+    HiddenStateResources,
     Request,
-    ResourceManager,
     TargetContext,
     VerifyResult,
     greedy_tokens,
@@ -77,11 +77,11 @@ class HeadState:
     pending: list[torch.Tensor] = field(default_factory=list)
 
 
-class Eagle3Resources(ResourceManager):
+class Eagle3Resources(HiddenStateResources):
     """The loaded head, the fused target layers, and per-request head state in ``request.method_state``."""
 
     def __init__(self, config: Eagle3DecodingConfig, target: TargetContext) -> None:
-        super().__init__()
+        super().__init__(target)
         source = head_source(config, target)
         target_config = target.model.config
         head = load_head(source, target_hidden_size=int(target_config.hidden_size), target_vocab_size=target.vocab_size)
@@ -97,8 +97,6 @@ class Eagle3Resources(ResourceManager):
         self.draft_ids = self.head.draft_to_target()
         self.vocab_size = target.vocab_size
         self.device = target.device
-        self.runner = target.runner
-        self.runner.capture_hidden_states = True
 
     def features(self, hidden_states: tuple[torch.Tensor, ...], rows: int | None = None) -> torch.Tensor:
         """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""
@@ -107,12 +105,8 @@ class Eagle3Resources(ResourceManager):
     def add_request(self, request: Request) -> None:
         request.method_state = HeadState(pending=[self.features(request.target_output.hidden_states)])
 
-    def free_request(self, request: Request) -> None:
-        request.method_state = None
-
     def release(self) -> None:
-        self.runner.capture_hidden_states = False
-        self.head = self.embed = self.draft_ids = self.runner = None
+        self.head = self.embed = self.draft_ids = None
         super().release()
 
     def commit(self, request: Request, result: VerifyResult) -> None:

@@ -27,8 +27,8 @@ import torch
 from specdec import (
     ConfigError,
     DraftProposal,
+    HiddenStateResources,
     Request,
-    ResourceManager,
     TargetContext,
     VerifyResult,
     logits_to_probs,
@@ -41,11 +41,11 @@ from specdec_medusa.config import MedusaDecodingConfig
 logger = logging.getLogger(__name__)
 
 
-class MedusaResources(ResourceManager):
+class MedusaResources(HiddenStateResources):
     """The loaded heads, the draft tree, and each request's head input in ``request.method_state``."""
 
     def __init__(self, config: MedusaDecodingConfig, target: TargetContext) -> None:
-        super().__init__()
+        super().__init__(target)
         if not config.speculative_model:
             raise ConfigError("speculative_model: required, the directory of the Medusa heads")
         model_config = target.model.config
@@ -62,8 +62,6 @@ class MedusaResources(ResourceManager):
         self.heads = heads.to(target.device, target.dtype)
         prepack_linears(self.heads)
         self.vocab_size = target.vocab_size
-        self.runner = target.runner
-        self.runner.capture_hidden_states = True
         if not config.lossless:
             logger.warning(
                 "Medusa typical acceptance is on: sampled outputs are NOT distributed as the target's "
@@ -73,12 +71,8 @@ class MedusaResources(ResourceManager):
     def add_request(self, request: Request) -> None:
         request.method_state = request.target_output.hidden_states[-1][-1]
 
-    def free_request(self, request: Request) -> None:
-        request.method_state = None
-
     def release(self) -> None:
-        self.runner.capture_hidden_states = False
-        self.heads = self.runner = None
+        self.heads = None
         super().release()
 
     def commit(self, request: Request, result: VerifyResult) -> None:

@@ -30,8 +30,8 @@ import torch
 
 from specdec import (
     DraftProposal,
+    HiddenStateResources,
     Request,
-    ResourceManager,
     TargetContext,
     VerifyResult,
     greedy_tokens,
@@ -94,11 +94,11 @@ def layer_count(config: MTPDecodingConfig, target: TargetContext, directory: Pat
     return count
 
 
-class MTPResources(ResourceManager):
+class MTPResources(HiddenStateResources):
     """The loaded MTP layers and per-request :class:`MTPState` in ``request.method_state``."""
 
     def __init__(self, config: MTPDecodingConfig, target: TargetContext) -> None:
-        super().__init__()
+        super().__init__(target)
         target_config = target.model.config
         block_classes(target_config)  # an architecture MTP blocks cannot be built for fails first
         directory = checkpoint_dir(config, target)
@@ -112,8 +112,6 @@ class MTPResources(ResourceManager):
         self.target_embed = target.model.get_input_embeddings()
         self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device
-        self.runner = target.runner
-        self.runner.capture_hidden_states = True
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
         self.thinking: tuple[int, int] | None = None
         if not config.lossless:
@@ -135,12 +133,8 @@ class MTPResources(ResourceManager):
         thinking = ThinkingSpan(*self.thinking) if self.thinking else None
         request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]], thinking=thinking)
 
-    def free_request(self, request: Request) -> None:
-        request.method_state = None
-
     def release(self) -> None:
-        self.runner.capture_hidden_states = False
-        self.layers = self.target_embed = self.rotary = self.runner = None
+        self.layers = self.target_embed = self.rotary = None
         super().release()
 
     def commit(self, request: Request, result: VerifyResult) -> None:
