@@ -13,15 +13,20 @@ from typing import Any
 import click
 import torch
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.cli.common import quiet_transformers
 from specdec.errors import ConfigError
-from specdec.models import load_model, resolve_device, resolve_dtype
+from specdec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
+from specdec.progress import Progress
 from specdec.training.distributed import World, every_rank, join, leave
 from specdec.training.examples import ExampleDataset, load_examples
 from specdec.training.loop import StepReport, Trainee, check_shape, fit
-from specdec.training.reporting import TrainingProgress, split_heldout, write_record
+from specdec.training.reporting import TrainingProgress, heldout_note, split_heldout, write_record
 from specdec.training.state import STATE_FILE, Position, TrainingOptions, read_state
+from specdec.training.state_cache import CachedStates, open_cache, write_cache
+from specdec.training.target import FrozenTarget
+from specdec.training.vocabulary import TrainingVocabulary, training_vocabulary
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: The embedded default target's hub id, as exported checkpoints record their base model.
@@ -54,6 +59,14 @@ def trainer_options(output_help: str, unit: str, lr: float, lr_help: str, decay:
                           "auto: bfloat16 where the device computes it natively (CUDA, CPUs with AMX or AVX512-BF16)."),
         click.option("--chunk-size", type=int, default=1024, show_default=True,
                      help=f"Positions per {unit} whose vocabulary logits are computed at once (memory: chunk x vocab floats)."),
+        click.option("--train-vocab", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="Train the softmax over the this many most frequent reply tokens of --data only "
+                          "(0: the whole vocabulary): the projection is the costliest part; the exported weights "
+                          "still draft over every token."),
+        click.option("--cache-states", type=click.Path(file_okay=False), default=None,
+                     help="Keep the target's final states of the training conversations in this directory (made on "
+                          "the first run, about 1.2 kB a token for SmolLM2 in bfloat16; the Medusa and MTP trainers "
+                          "share the format): later epochs and resumed runs skip the target."),
         click.option("--group-by-length/--no-group-by-length", default=True, show_default=True,
                      help="Batch conversations of similar length together (less padding) rather than at random."),
         click.option("--eval-fraction", type=float, default=0.0, show_default=True,
@@ -126,16 +139,30 @@ class TrainingInputs:
     heldout: torch.utils.data.Dataset | None
     #: Whether the trained products run in bfloat16 (every rank agrees).
     bf16: bool
+    #: The training softmax's tokens (``--train-vocab``; ``None``: all) and their reply share.
+    vocabulary: TrainingVocabulary | None = None
+    covered: float = 1.0
+
+    def summary(self, options: TrainingOptions) -> str:
+        """What the run trains on and how, for the line it starts with."""
+        line = (f"{len(self.examples)} conversations read ({reply_tokens(self.examples)} reply tokens), "
+                f"{len(self.dataset)} trained on{heldout_note(self.heldout)}, {options.steps} steps x "
+                f"{options.batch_size} x {self.world.size} process(es), "
+                f"{'bfloat16 mixed' if self.bf16 else 'float32'} precision")
+        if self.vocabulary is not None:
+            line += f", softmax over the {len(self.vocabulary.ids)} most frequent reply tokens ({self.covered:.1%} of them)"
+        return line
 
 
 @contextmanager
 def training_inputs(device: str | None, model: str | None, dtype: str, data: tuple[str, ...],
                     eval_data: tuple[str, ...], max_length: int, limit: int | None, precision: str,
-                    wrap: Callable[[torch.utils.data.Dataset, Any, World, Console], torch.utils.data.Dataset] | None = None,
+                    batch_size: int, cache_states: str | None = None, train_vocab: int = 0,
                     eval_fraction: float = 0.0, seed: int = 0, **_: Any) -> Iterator[TrainingInputs]:
     """Join the process group (none for one process), load the target and the conversations,
-    and hold ``eval_fraction`` of them out (after ``wrap``, which may put a cache in front of
-    the dataset); leave the group on the way out."""
+    read their target states from ``cache_states`` (made first if need be), hold
+    ``eval_fraction`` of them out and choose the training vocabulary; leave the group on the
+    way out."""
     quiet_transformers()
     console = Console(stderr=True)
     world = join(resolve_device(device))
@@ -146,19 +173,43 @@ def training_inputs(device: str | None, model: str | None, dtype: str, data: tup
             heldout = ExampleDataset(load_examples(eval_data, tokenizer, max_length, None, "--eval-data", "measure on")) \
                 if eval_data else None
         dataset: torch.utils.data.Dataset = ExampleDataset(examples)
-        if wrap is not None:
-            dataset = wrap(dataset, target, world, console)
+        if cache_states:
+            identity = {"model": model or DEFAULT_MODEL, "hidden_size": int(target.config.hidden_size),
+                        "dtype": str(next(target.parameters()).dtype).removeprefix("torch."), "max_length": max_length}
+            dataset = _cached(cache_states, dataset, identity, FrozenTarget(target), batch_size, world, console)
         if eval_fraction:
             dataset, heldout = split_heldout(dataset, eval_fraction, seed)
         bf16 = every_rank(resolve_dtype(precision, world.device) == torch.bfloat16, world)
-        yield TrainingInputs(world, console, target, tokenizer, examples, dataset, heldout, bf16)
+        vocabulary, covered = training_vocabulary(examples, train_vocab, int(target.get_output_embeddings().weight.shape[0]))
+        yield TrainingInputs(world, console, target, tokenizer, examples, dataset, heldout, bf16, vocabulary, covered)
     finally:
         leave(world)
 
 
-def total_steps(max_steps: int | None, epochs: int, dataset: torch.utils.data.Dataset, batch_size: int, world: World) -> int:
-    """``--max-steps``, else ``--epochs`` whole passes over ``dataset``."""
-    return max_steps or max(1, len(dataset) // (batch_size * world.size)) * epochs
+def _cached(directory: str, dataset: ExampleDataset, identity: dict[str, Any], target: FrozenTarget, batch_size: int,
+            world: World, console: Console) -> CachedStates:
+    """``dataset`` with the target's states from the cache in ``directory``, made first if need be."""
+    cached = open_cache(directory, dataset, identity)
+    if cached is not None:
+        return cached
+    if world.distributed:
+        raise ConfigError(f"--cache-states: {directory!r} holds no complete cache, and a multi-process run does not write "
+                          "one; make it with one process first (the same command, --max-steps 1, no torchrun)")
+    with Progress(TextColumn("[bold]caching target states"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console) as progress:
+        task = progress.add_task("cache", total=len(dataset))
+        return write_cache(directory, dataset, target, identity, batch_size, lambda n: progress.update(task, advance=n))
+
+
+def fit_options(options_class: type[TrainingOptions], inputs: TrainingInputs, max_steps: int | None, epochs: int,
+                batch_size: int, lr: float, warmup: int, loss_decay: float, chunk_size: int, group_by_length: bool,
+                seed: int, save_every: int, eval_every: int, train_vocab: int, **_: Any) -> TrainingOptions:
+    """The loop's options from the common command-line options; ``--max-steps``, else ``--epochs``
+    whole passes over the training conversations."""
+    steps = max_steps or max(1, len(inputs.dataset) // (batch_size * inputs.world.size)) * epochs
+    return options_class(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, decay=loss_decay, chunk=chunk_size,
+                         bf16=inputs.bf16, group_by_length=group_by_length, seed=seed, save_every=save_every,
+                         eval_every=eval_every, train_vocab=train_vocab)
 
 
 def reply_tokens(examples: list) -> int:

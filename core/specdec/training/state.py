@@ -37,6 +37,8 @@ class TrainingOptions:
     chunk: int = 1024
     #: Matrix products in bfloat16 (autocast); weights, optimizer and losses stay float32.
     bf16: bool = False
+    #: Train the softmax over the this many most frequent reply tokens (0: the whole vocabulary).
+    train_vocab: int = 0
     #: Sort each group of 50 steps by length (little padding) rather than batching at random.
     group_by_length: bool = True
     seed: int = 0

@@ -119,7 +119,7 @@ def test_a_training_vocabulary_narrows_the_softmax_to_its_tokens() -> None:
     """With every token in it, the loss and gradients are the whole vocabulary's; with some, a
     position is scored when its label is among them, against their logits only, own projections
     getting gradient on their rows alone."""
-    from specdec_medusa.training.objective import TrainingVocabulary
+    from specdec.training.vocabulary import TrainingVocabulary
 
     hidden, ids, mask = _batch()
     full, every = _heads(share=False), _heads(share=False)

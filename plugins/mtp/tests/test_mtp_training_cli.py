@@ -123,6 +123,30 @@ def test_layers_without_their_head_draft_through_the_target_lm_head(files: dict)
     assert accepted[0] == accepted[1] and sum(accepted[0]) > 0
 
 
+def test_states_cached_by_either_trainer_replace_the_target(files: dict, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """--cache-states: states cached by `train medusa` (the same target and conversations) are
+    read by `train mtp`, which then never runs the target and trains as a run without the cache
+    does; --train-vocab is recorded and said."""
+    cache, plain, cached = files["dir"] / "states", files["dir"] / "uncached", files["dir"] / "cached"
+    common = ("--max-steps", "4", "--export-dtype", "float32", "--train-vocab", "12")
+    assert main(["train", "medusa", "--model", files["target_dir"], "--dtype", "float32", "--data", files["data"],
+                 "--output", str(files["dir"] / "medusa"), "--max-steps", "1", "--precision", "float32",
+                 "--cache-states", str(cache)]) == 0
+    assert main(train(files, plain, *common)) == 0
+    assert "softmax over the 12 most frequent reply tokens" in " ".join(capsys.readouterr().err.split())
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target ran")
+
+    from transformers.models.llama.modeling_llama import LlamaModel
+    monkeypatch.setattr(LlamaModel, "forward", no_target)
+    assert main(train(files, cached, *common, "--cache-states", str(cache))) == 0
+    assert json.loads((cached / "training.json").read_text())["options"]["train_vocab"] == 12
+    a, b = load_file(str(plain / "model.safetensors")), load_file(str(cached / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
 def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
     """A run stopped after its step-3 save and resumed ends with exactly the layers (and
     optimizer state) of a run never stopped: same batches, schedule and Adam moments."""

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 from specdec import LLM, SamplingParams
 from specdec.testing import make_tiny_target
 from specdec.testing.conformance import fixed_draft_len
+from specdec.training.vocabulary import TrainingVocabulary
 from specdec_mtp.drafter import MTPResources
 from specdec_mtp.training.loop import MTPTarget
 from specdec_mtp.training.model import export, new_layers, trainable_state
@@ -92,6 +93,43 @@ def test_chunked_backward_gives_the_plain_losss_gradients(setup) -> None:
     total.backward()
     assert all(torch.allclose(chunked[n], p.grad, atol=1e-6) for n, p in params.items())
     assert scores.weighted_loss(0.5) == pytest.approx(float(total.detach()), rel=1e-5)
+
+
+def test_a_training_vocabulary_narrows_the_softmax_to_its_tokens(setup) -> None:
+    """With every token in it, losses and gradients are the whole vocabulary's; with some, depth
+    k scores a position when its label is among them, against their logits only."""
+    target, layers, frozen = setup
+    vocab = target.model.config.vocab_size
+    ids = torch.randint(3, 12, (2, 15), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    hidden = frozen({"input_ids": ids, "length": torch.tensor([15, 15])})
+    params = trainable_state(layers)
+
+    def run(vocabulary):
+        for p in params.values():
+            p.grad = None
+        scores = mtp_loss(layers, frozen.embed, frozen.rotary, hidden, ids, mask, chunk=4, backward=True,
+                          vocabulary=vocabulary)
+        return scores, {n: p.grad.clone() for n, p in params.items()}
+
+    (full, full_grads), (every, every_grads) = run(None), run(TrainingVocabulary(torch.arange(vocab), vocab))
+    assert every.losses() == pytest.approx(full.losses(), rel=1e-5)
+    assert all(torch.allclose(full_grads[n], every_grads[n], atol=1e-6) for n in params)
+    kept = torch.tensor([3, 5, 8, 11])
+    narrowed, _ = run(TrainingVocabulary(kept, vocab))
+    with torch.no_grad():
+        previous = hidden
+        for k, layer in enumerate(layers, start=1):
+            span = 15 - k - 1
+            positions = torch.arange(span)[None].expand(2, -1)
+            embeds = frozen.embed(ids[:, k : k + span])
+            previous = layer(embeds, previous[:, :span], positions, frozen.rotary(embeds, positions), None)
+            labels = ids[:, k + 1 :]
+            scored = torch.isin(labels, kept)
+            logits = layer.logits(previous)[scored][:, kept]
+            want = torch.searchsorted(kept, labels[scored])
+            assert narrowed.counts[k - 1] == int(scored.sum()) < full.counts[k - 1]
+            assert narrowed.losses()[k - 1] == pytest.approx(float(F.cross_entropy(logits, want)), rel=1e-5)
 
 
 def test_new_layer_starts_as_the_targets_next_token_predictor() -> None:

@@ -1,7 +1,7 @@
 """What the core's training loop (:func:`specdec.training.loop.fit`) needs to train Medusa heads.
 
 Each step runs the target once over a batch of conversations (no gradient) for its final normed
-states, or reads them from the cache (:mod:`~specdec_medusa.training.cache`), and trains every
+states, or reads them from the cache (:mod:`~specdec.training.state_cache`), and trains every
 head on them (:func:`~specdec_medusa.training.objective.medusa_loss`).
 """
 
@@ -18,15 +18,14 @@ from specdec.training.distributed import World, sum_across
 from specdec.training.state import TrainingOptions
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
-from specdec_medusa.training.objective import HeadScores, TrainingVocabulary, chain_acceptance, medusa_loss
+from specdec.training.vocabulary import TrainingVocabulary
+from specdec_medusa.training.objective import HeadScores, chain_acceptance, medusa_loss
 
 
 @dataclass
 class FitOptions(TrainingOptions):
     #: Head ``k``'s loss weight is ``decay ** k`` (Medusa's 0.8).
     decay: float = 0.8
-    #: Train the softmax over the this many most frequent reply tokens (0: the whole vocabulary).
-    train_vocab: int = 0
 
 
 @dataclass

@@ -27,6 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from specdec.training.state import Scores
+from specdec.training.vocabulary import TrainingVocabulary, projection
 from specdec_medusa.heads import MedusaHeads
 
 
@@ -46,30 +47,6 @@ def shifted(x: torch.Tensor, k: int, fill: int | bool = 0) -> torch.Tensor:
     if k < x.shape[1]:
         out[:, : x.shape[1] - k] = x[:, k:]
     return out
-
-
-class TrainingVocabulary:
-    """The tokens a training softmax runs over: the ``ids`` (sorted) of the most frequent reply
-    tokens. A head's logits are then ``ids``' rows of its projection only, and a position whose
-    label lies outside is not scored. The shared projection itself is untouched, so the exported
-    heads still draft over the whole vocabulary; what changes is the normalizer the heads are
-    trained against, over tokens that hold nearly all of the replies (``coverage``)."""
-
-    def __init__(self, ids: torch.Tensor, vocab_size: int) -> None:
-        self.ids = ids.sort().values
-        self.index = torch.full((vocab_size,), -1, dtype=torch.long, device=ids.device)
-        self.index[self.ids] = torch.arange(len(self.ids), device=ids.device)
-
-    def to(self, device: torch.device) -> TrainingVocabulary:
-        return TrainingVocabulary(self.ids.to(device), len(self.index))
-
-
-def _projection(head: torch.nn.Linear, vocabulary: TrainingVocabulary | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    if vocabulary is None:
-        return head
-    weight = head.weight[vocabulary.ids]
-    bias = head.bias[vocabulary.ids] if head.bias is not None else None
-    return lambda x: F.linear(x, weight, bias)
 
 
 def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
@@ -103,7 +80,7 @@ def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tenso
         for start in range(0, count, chunk):
             with torch.autocast(hidden.device.type, dtype=torch.bfloat16, enabled=bf16):
                 # Narrowed per chunk: each chunk's backward frees the graph it ran through.
-                logits = _projection(heads.lm_heads[k], vocabulary)(heads.blocks[k](states[start : start + chunk].float()))
+                logits = projection(heads.lm_heads[k], vocabulary)(heads.blocks[k](states[start : start + chunk].float()))
             want = labels[start : start + chunk]
             # In bfloat16 mode the softmax runs on the bfloat16 logits too: a quarter faster on a CPU
             # than on float32 copies (chunk x vocab floats each), and the gradient is no coarser than

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.training import (DEFAULT_BASE, DTYPES, check_options, reply_tokens, run_training, saved_state,
-                                  total_steps, trainer_options, training_inputs)
+from specdec.cli.training import (DEFAULT_BASE, DTYPES, check_options, fit_options, run_training, saved_state,
+                                  trainer_options, training_inputs)
 from specdec.errors import ConfigError
-from specdec.training.reporting import heldout_note, per_output
+from specdec.training.reporting import per_output
 from specdec.training.state import STATE_FILE
 from specdec_mtp.training.loop import Evaluation, FitOptions, MTPTarget, MTPTrainee, describe_shape, layers_shape
 from specdec_mtp.training.model import export, export_into_target_copy, new_layers
@@ -31,26 +31,19 @@ from specdec_mtp.training.model import export, export_into_target_copy, new_laye
                    "vLLM and TensorRT-LLM require the tensor.")
 def mtp(into_target_copy: str | None, num_layers: int, omit_shared_head: bool, **common) -> None:
     """Train DeepSeek-V3 MTP layers on a frozen target (any Llama-style decoder) from conversations it answered."""
-    output, batch_size = common["output"], common["batch_size"]
+    output = common["output"]
     if into_target_copy is not None and Path(into_target_copy).resolve() == Path(output).resolve():
         raise ConfigError("--into-target-copy: must be another directory than --output")
     check_options({"num-layers": num_layers}, **common)
     saved = saved_state(output, common["resume"], layers_shape(num_layers), describe_shape)
     with training_inputs(**common) as inputs:
-        target, dataset, world = inputs.target, inputs.dataset, inputs.world
+        target, world = inputs.target, inputs.world
         layers = new_layers(target, num_layers).to(world.device)
-        options = FitOptions(steps=total_steps(common["max_steps"], common["epochs"], dataset, batch_size, world),
-                             batch_size=batch_size, lr=common["lr"], warmup=common["warmup"], decay=common["loss_decay"],
-                             chunk=common["chunk_size"], bf16=inputs.bf16, group_by_length=common["group_by_length"],
-                             seed=common["seed"], save_every=common["save_every"], eval_every=common["eval_every"])
-        inputs.console.print(
-            f"training {num_layers} MTP layer(s) ({type(layers[0].block).__name__} blocks) on a frozen "
-            f"{target.config.model_type} target: {len(inputs.examples)} conversations read "
-            f"({reply_tokens(inputs.examples)} reply tokens), {len(dataset)} trained on{heldout_note(inputs.heldout)}, "
-            f"{options.steps} steps x {batch_size} x {world.size} process(es), "
-            f"{'bfloat16 mixed' if inputs.bf16 else 'float32'} precision")
+        options = fit_options(FitOptions, inputs, **common)
+        inputs.console.print(f"training {num_layers} MTP layer(s) ({type(layers[0].block).__name__} blocks) on a frozen "
+                             f"{target.config.model_type} target: {inputs.summary(options)}")
         export_dtype, base = DTYPES[common["export_dtype"]], common["model"] or DEFAULT_BASE
-        run_training(MTPTrainee(layers, MTPTarget(target), options), inputs, options, output, saved,
+        run_training(MTPTrainee(layers, MTPTarget(target), options, inputs.vocabulary), inputs, options, output, saved,
                      lambda: export(layers, target.config, output, export_dtype, base, not omit_shared_head), "depth", _heldout_fields,
                      _held_line, {}, common["data"], common["eval_data"])
         inputs.console.print(f"wrote {num_layers} MTP layer(s) ({common['export_dtype']}) to {output}")

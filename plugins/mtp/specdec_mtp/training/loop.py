@@ -16,6 +16,7 @@ from specdec.training.batching import collate, conversation_lengths
 from specdec.training.distributed import World, sum_across
 from specdec.training.state import TrainingOptions
 from specdec.training.target import FrozenTarget
+from specdec.training.vocabulary import TrainingVocabulary
 from specdec_mtp.training.model import trainable_state
 from specdec_mtp.training.objective import DepthScores, mtp_loss
 
@@ -43,18 +44,21 @@ class MTPTarget(FrozenTarget):
         self.rotary = model.get_decoder().rotary_emb
 
     def loss(self, layers: nn.ModuleList, batch: dict[str, torch.Tensor], options: FitOptions,
-             backward: bool = False) -> DepthScores:
+             backward: bool = False, vocabulary: TrainingVocabulary | None = None) -> DepthScores:
         """:func:`mtp_loss` of ``layers`` over ``batch``."""
         ids, mask = batch["input_ids"].to(self.device), batch["loss_mask"].to(self.device)
         return mtp_loss(layers, self.embed, self.rotary, self(batch), ids, mask, options.decay, options.chunk,
-                        backward=backward, bf16=options.bf16)
+                        backward=backward, bf16=options.bf16, vocabulary=vocabulary)
 
 
 class MTPTrainee:
-    """MTP layers as the core loop trains them (:class:`specdec.training.loop.Trainee`)."""
+    """MTP layers as the core loop trains them (:class:`specdec.training.loop.Trainee`):
+    ``vocabulary`` narrows the training softmax (held-out measurements take the whole vocabulary)."""
 
-    def __init__(self, layers: nn.ModuleList, target: MTPTarget, options: FitOptions) -> None:
+    def __init__(self, layers: nn.ModuleList, target: MTPTarget, options: FitOptions,
+                 vocabulary: TrainingVocabulary | None = None) -> None:
         self.module, self.target, self.options = layers, target, options
+        self.vocabulary = vocabulary.to(target.device) if vocabulary is not None else None
 
     def parameters(self) -> dict[str, torch.Tensor]:
         return trainable_state(self.module)
@@ -63,7 +67,7 @@ class MTPTrainee:
         return layers_shape(len(self.module))
 
     def loss(self, batch: dict[str, torch.Tensor]) -> DepthScores:
-        return self.target.loss(self.module, batch, self.options, backward=True)
+        return self.target.loss(self.module, batch, self.options, backward=True, vocabulary=self.vocabulary)
 
     def evaluate(self, dataset: torch.utils.data.Dataset, world: World) -> Evaluation:
         return evaluate(self.module, self.target, dataset, self.options, world)

@@ -14,7 +14,8 @@ out: the objective is ``sum_k decay ** (k - 1) * L_k / D``, DeepSeek's equal wei
 default ``decay = 1``.
 
 The vocabulary projection dominates the cost (49,152 x 576 per position and depth for
-SmolLM2), so it runs only over the scored positions, ``chunk`` at a time, on a detached copy of
+SmolLM2), so it runs only over the scored positions (and a training vocabulary may narrow the
+softmax to the reply tokens that matter), ``chunk`` at a time, on a detached copy of
 the depth's output: each chunk's loss is back-propagated at once into that copy (at most one
 chunk's logits alive), and the gathered gradients enter the chain in one backward at the end.
 """
@@ -29,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specdec.training.state import Scores
+from specdec.training.vocabulary import TrainingVocabulary, projection
 
 
 @dataclass
@@ -43,7 +45,8 @@ class DepthScores(Scores):
 
 def mtp_loss(layers: nn.ModuleList, embed: nn.Module, rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]],
              hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, decay: float = 1.0,
-             chunk: int = 1024, backward: bool = False, bf16: bool = False) -> DepthScores:
+             chunk: int = 1024, backward: bool = False, bf16: bool = False,
+             vocabulary: TrainingVocabulary | None = None) -> DepthScores:
     """Every depth's loss and top-1 hits over a right-padded batch.
 
     :param embed: the target's (frozen) input embedding; ``rotary``: its rotary embedding module.
@@ -51,6 +54,8 @@ def mtp_loss(layers: nn.ModuleList, embed: nn.Module, rotary: Callable[..., tupl
     :param input_ids: ``[B, T]`` tokens; ``loss_mask`` ``[B, T]`` marks assistant tokens (False on padding).
     :param backward: back-propagate ``decay ** (k - 1) * L_k / D`` (training).
     :param bf16: matrix products in bfloat16 (autocast; weights and the summed losses stay float32).
+    :param vocabulary: score over these tokens only (training; evaluation takes the whole vocabulary):
+        a position whose label lies outside is not scored.
     """
     batch, length = input_ids.shape
     scores = DepthScores([], [], [])
@@ -67,14 +72,19 @@ def mtp_loss(layers: nn.ModuleList, embed: nn.Module, rotary: Callable[..., tupl
             embeds = embed(input_ids[:, k : k + span]).float()
             out = layer(embeds, previous[:, :span], positions, rotary(embeds, positions), None).float()
         labels = input_ids[:, k + 1 : k + 1 + span]
-        rows, cols = loss_mask[:, k + 1 : k + 1 + span].bool().nonzero(as_tuple=True)
+        scored = loss_mask[:, k + 1 : k + 1 + span].bool()
+        if vocabulary is not None:
+            labels = vocabulary.index[labels]
+            scored &= labels >= 0
+        rows, cols = scored.nonzero(as_tuple=True)
+        head = projection(layer.shared_head.head, vocabulary)
         count = int(rows.numel())
         detached = out.detach().requires_grad_(backward)
         loss_sum, correct = 0.0, 0
         for start in range(0, count, chunk):
             r, c = rows[start : start + chunk], cols[start : start + chunk]
             with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits = layer.logits(detached[r, c])
+                logits = head(layer.shared_head.norm(detached[r, c]))
             want = labels[r, c]
             loss = F.cross_entropy(logits if bf16 else logits.float(), want, reduction="none").float().sum()
             if backward:

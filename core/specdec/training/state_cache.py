@@ -1,5 +1,6 @@
-"""The target's final states on disk (``--cache-states``), so that epochs after the first, and
-resumed runs, skip the target's forward.
+"""The target's final normed states on disk (the trainers' ``--cache-states``), so that epochs
+after the first, and resumed runs, skip the target's forward. Medusa heads and MTP layers both
+learn from exactly these states, so one cache serves either trainer.
 
 The target is frozen, so its states for a conversation never change: every epoch after the
 first would recompute exactly what the first computed. The cache directory holds
@@ -26,7 +27,7 @@ from specdec.errors import ConfigError
 from specdec.training.batching import collate
 from specdec.training.examples import ExampleDataset
 
-FORMAT = "specdec-medusa-states"
+FORMAT = "specdec-target-states"
 INDEX = "index.json"
 
 
