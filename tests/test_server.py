@@ -264,6 +264,39 @@ def test_chat_streaming_equals_non_streaming(server: Server, offline: LLM) -> No
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
 
 
+def test_logprobs_are_the_offline_ones_whole_and_streamed(server: Server, offline: LLM) -> None:
+    """Completions' legacy logprobs and chat's content logprobs (from the speculative server) are
+    the offline plain decoding's: the chosen tokens' log-probabilities and the likeliest
+    alternatives, token strings that add up to the text, offsets that count it; streamed chunks
+    carry them piece by piece and add up to the whole response's."""
+    client = server.client()
+    prompt = "the cat sat on the mat. the cat"
+    expected = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=16, logprobs=2))[0]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0, logprobs=2)
+    logprobs = out.choices[0].logprobs
+    assert "".join(logprobs.tokens) == out.choices[0].text == expected.text
+    assert logprobs.token_logprobs == pytest.approx([lp.logprob for lp in expected.logprobs], abs=1e-4)
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    for token, top, lp in zip(logprobs.tokens, logprobs.top_logprobs, expected.logprobs):
+        assert token in top and len(top) == 2  # greedy: the chosen token is the likeliest
+        assert sorted(top.values(), reverse=True) == pytest.approx([v for _, v in lp.top], abs=1e-4)
+
+    messages = [{"role": "user", "content": "say hello"}]
+    reference = offline.chat(messages, SamplingParams(temperature=0, max_tokens=12, logprobs=3))[0]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0, logprobs=True,
+                                           top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in reference.logprobs], abs=1e-4)
+    assert "".join(c.token for c in content) == reply.choices[0].message.content
+    assert all(bytes(c.bytes) == c.token.encode() and len(c.top_logprobs) == 3 for c in content)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0,
+                                                 logprobs=True, top_logprobs=3, stream=True))
+    streamed = [c for chunk in chunks for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def test_completion_stream_honours_stop_and_seed(server: Server, offline: LLM) -> None:
     """A stop string ends the streamed text before it, as offline; a seed makes sampling repeatable."""
     client = server.client()
@@ -408,7 +441,10 @@ def test_concurrent_clients_each_get_their_offline_output(server: Server, offlin
         ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
         ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-        ("/v1/completions", {"prompt": "hi", "logprobs": 1}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+        ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
+         "top_logprobs"),
         ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
         ("/v1/completions", {"prompt": "a" * 2000}, 400, "prompt"),
         ("/v1/completions", {"prompt": "a" * 70000}, 413, None),

@@ -22,6 +22,7 @@ from specdec.detokenize import IncrementalDetokenizer
 from specdec.draft_budget import DraftBudget, depth
 from specdec.errors import ConfigError, NonFiniteLogitsError, PluginError, QueueFullError, SpecdecError
 from specdec.kv_cache import BatchKVCache
+from specdec.logprobs import token_logprobs
 from specdec.plugins import PluginRegistry
 from specdec.proposal_checks import checked_proposal, described
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
@@ -128,6 +129,8 @@ class Engine:
         request = Request(self._next_id, [int(t) for t in prompt_ids], len(prompt_ids), params, noise)
         request.acceptance = self.policy.new_estimate()
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+        if params.logprobs is not None:
+            request.logprobs = []
         self._next_id += 1
         return request
 
@@ -295,7 +298,7 @@ class Engine:
             cache = self.runner.new_cache()
             prefill = self.runner.forward(cache, request.token_ids, last_only=True)
             request.target_output = prefill
-            self._append(request, [self._pick(prefill.logits[-1], request)])
+            self._append(request, [self._pick(prefill.logits[-1], request)], prefill.logits[-1:])
         except Exception as exc:
             request.target_output = None
             self._end(request, "error", str(exc) if isinstance(exc, SpecdecError) else f"prefill failed: {type(exc).__name__}: {exc}")
@@ -334,6 +337,7 @@ class Engine:
 
     def _delta(self, request: Request) -> RequestDelta:
         new = request.output_ids[request.num_reported :]
+        logprobs = request.logprobs[request.num_reported :] if request.logprobs is not None else None
         request.num_reported = request.num_output_tokens
         metrics = dataclasses.replace(
             request.metrics, num_accepted_tokens_per_pos=list(request.metrics.num_accepted_tokens_per_pos)
@@ -341,7 +345,7 @@ class Engine:
         text = request.detokenizer.delta(request.output_ids, request.finished) if request.detokenizer else ""
         return RequestDelta(
             request.request_id, new, text, request.finished, request.finish_reason, request.error,
-            request.num_prompt_tokens, metrics,
+            request.num_prompt_tokens, metrics, logprobs,
         )
 
     # -- the step -----------------------------------------------------------------------------
@@ -394,7 +398,8 @@ class Engine:
         verified = time.perf_counter()
         for request, proposal, result in zip(batch, proposals, results):
             request.metrics.record_step(len(proposal), result.num_accepted, depth(proposal), result.num_lossy_accepted)
-            self._append(request, result.emitted(proposal))
+            rows = request.target_output.logits[result.emitted_rows()] if request.logprobs is not None else None
+            self._append(request, result.emitted(proposal), rows)
         self._accept(batch, results)
         batch, proposals, results = self._survivors(batch, proposals, results)
         done = time.perf_counter()
@@ -518,15 +523,21 @@ class Engine:
             return int(target_picks(request, logits[None])[0])
         return request.sample(logits_to_probs(logits, request.params))
 
-    def _append(self, request: Request, tokens: list[int]) -> None:
-        """Append tokens one at a time, stopping exactly at the first stop condition."""
+    def _append(self, request: Request, tokens: list[int], logits: torch.Tensor | None) -> None:
+        """Append tokens one at a time, stopping exactly at the first stop condition; with their
+        log-probabilities when the request asks for them (``logits``: the target's rows they were
+        chosen from, row by row)."""
+        appended = 0
         for token in tokens:
             request.token_ids.append(token)
+            appended += 1
             reason = self.stops.check(request)
             if reason is not None:
                 request.finished = True
                 request.finish_reason = reason
                 break
+        if request.logprobs is not None:
+            request.logprobs += token_logprobs(logits, tokens[:appended], request.params.logprobs)
         if request.noise is not None:
             request.noise.forget_before(len(request.token_ids))
         request.metrics.num_output_tokens = request.num_output_tokens

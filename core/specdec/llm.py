@@ -15,6 +15,7 @@ from specdec.config import SpeculativeConfig
 from specdec.config_loader import parse_speculative_config
 from specdec.engine import Engine
 from specdec.errors import ConfigError, RequestFailedError
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import RequestMetrics, aggregate
 from specdec.models import load_model, resolve_device
 from specdec.plugins import get_registry
@@ -38,6 +39,8 @@ class RequestOutput:
     metrics: RequestMetrics = field(repr=False)
     #: Why the request failed (``finish_reason == "error"``).
     error: str | None = None
+    #: Each output token's log-probability, when ``SamplingParams.logprobs`` asked for them.
+    logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
 
 
 class LLM:
@@ -157,6 +160,7 @@ class LLM:
                     request.finish_reason,
                     request.metrics,
                     request.error,
+                    request.logprobs,
                 )
             )
         failed = [o for o in outputs if o.finish_reason == "error"]

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from specdec.draft_policy import AcceptanceEstimate
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import RequestMetrics
 from specdec.sampling import PositionNoise, SamplingParams, race
 
@@ -45,6 +46,8 @@ class Request:
     num_reported: int = 0
     #: Streams the output's text (set by the engine when the request is added).
     detokenizer: Any = None
+    #: Each output token's log-probability, when ``params.logprobs`` asks for them.
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def output_ids(self) -> list[int]:
@@ -82,6 +85,8 @@ class RequestDelta:
     num_prompt_tokens: int
     #: A snapshot of the request's metrics so far.
     metrics: RequestMetrics
+    #: The new tokens' log-probabilities, when the request asks for them.
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -138,3 +143,8 @@ class VerifyResult:
     def emitted(self, proposal: DraftProposal) -> list[int]:
         """The tokens this step adds: accepted drafts, then the bonus or recovered token."""
         return [proposal.token_ids[i] for i in self.path()] + [self.next_token]
+
+    def emitted_rows(self) -> list[int]:
+        """Row by row with :meth:`emitted`, the verify forward's logits row each token was chosen
+        from: its predecessor's (row 0 the request's last token, row ``1 + i`` draft ``i``)."""
+        return [0, *(1 + i for i in self.path())]

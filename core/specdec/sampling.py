@@ -16,6 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specdec.kernels.reference import sample_by_race
+from specdec.logprobs import MAX_LOGPROBS
 
 
 #: Temperatures below this are greedy decoding (vLLM's threshold).
@@ -35,6 +36,11 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1, description="What torch.Generator takes.")
+    logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_LOGPROBS,
+        description="Return each output token's log-probability under the target (raw logits) and this many "
+                    "likeliest tokens' at its position; None returns none.",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from specdec.errors import ConfigError, QueueFullError
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import RequestMetrics
 from specdec.requests import RequestDelta
 from specdec.sampling import SamplingParams
@@ -74,16 +75,20 @@ class Outcome:
     num_prompt_tokens: int
     num_output_tokens: int
     metrics: RequestMetrics
+    #: The output tokens' log-probabilities, when the request asked for them.
+    logprobs: list[TokenLogprob] | None = None
 
 
 async def collect(stream: RequestStream) -> Outcome:
     """Wait for the whole output; raises :class:`APIError` if the request failed."""
     text: list[str] = []
+    logprobs: list[TokenLogprob] = []
     num_output_tokens = 0
     try:
         async for delta in stream:
             text.append(delta.text_delta)
             num_output_tokens += len(delta.new_token_ids)
+            logprobs += delta.logprobs or []
     except EngineFailure as exc:
         raise APIError(500, str(exc)) from None
     finally:
@@ -91,7 +96,8 @@ async def collect(stream: RequestStream) -> Outcome:
     error = failure(delta)
     if error is not None:
         raise error
-    return Outcome("".join(text), delta.finish_reason, delta.num_prompt_tokens, num_output_tokens, delta.metrics)
+    return Outcome("".join(text), delta.finish_reason, delta.num_prompt_tokens, num_output_tokens, delta.metrics,
+                   logprobs if delta.logprobs is not None else None)
 
 
 async def collect_all(streams: list[RequestStream]) -> list[Outcome]:

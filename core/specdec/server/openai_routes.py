@@ -11,17 +11,20 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import aggregate
 from specdec.server.async_engine import EngineFailure, RequestStream
 from specdec.server.errors import APIError
 from specdec.server.handling import (EventStreamResponse, Outcome, abort_all, collect_all, event, failure, merged, perf_metrics,
                                      submit_all, until_disconnected)
+from specdec.server.logprobs_format import chat_logprobs, completion_logprobs
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse
 from specdec.server.state import ServerState
 
 #: Builds one streamed choice from its index, a text increment, the finish reason (on the last
-#: chunk) and whether it is the choice's first chunk.
-ChoiceBuilder = Callable[[int, str, str | None, bool], dict[str, Any]]
+#: chunk), whether it is the choice's first chunk, and the log-probabilities of the tokens since
+#: the choice's last chunk (``None`` when the request asks for none).
+ChoiceBuilder = Callable[[int, str, str | None, bool, list[TokenLogprob] | None], dict[str, Any]]
 
 
 @dataclass
@@ -65,14 +68,22 @@ def openai_router(state: ServerState) -> APIRouter:
         streams = await submit_all(state.engine, prompt_ids, params, "prompt")
         reply = _Reply.new("cmpl", state.model_name)
         if body.stream:
+            offsets = [0] * body.num_choices
 
-            def choice(index: int, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-                return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            def choice(index: int, text: str, finish_reason: str | None, first: bool,
+                       logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
+                formatted = None
+                if logprobs is not None:
+                    formatted = completion_logprobs(logprobs, state.token_text, offsets[index])
+                    offsets[index] += sum(len(t) for t in formatted["tokens"])
+                return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason}
 
             events = _events(streams, reply, "text_completion", choice, body.include_usage, body.return_perf_metrics)
             return EventStreamResponse(events, lambda: abort_all(streams))
         outcomes = await until_disconnected(request, collect_all(streams))
-        choices = [{"index": i, "text": o.text, "logprobs": None, "finish_reason": o.finish_reason} for i, o in enumerate(outcomes)]
+        choices = [{"index": i, "text": o.text,
+                    "logprobs": None if o.logprobs is None else completion_logprobs(o.logprobs, state.token_text),
+                    "finish_reason": o.finish_reason} for i, o in enumerate(outcomes)]
         return JSONResponse(reply.body("text_completion", choices, **_totals(outcomes, body.return_perf_metrics)))
 
     @router.post("/v1/chat/completions")
@@ -87,14 +98,17 @@ def openai_router(state: ServerState) -> APIRouter:
         reply = _Reply.new("chatcmpl", state.model_name)
         if body.stream:
 
-            def choice(index: int, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
+            def choice(index: int, text: str, finish_reason: str | None, first: bool,
+                       logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
                 delta = {"role": "assistant", "content": text} if first else {"content": text}
-                return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                formatted = None if logprobs is None else chat_logprobs(logprobs, state.token_text)
+                return {"index": index, "delta": delta, "logprobs": formatted, "finish_reason": finish_reason}
 
             events = _events(streams, reply, "chat.completion.chunk", choice, body.include_usage, body.return_perf_metrics)
             return EventStreamResponse(events, lambda: abort_all(streams))
         outcomes = await until_disconnected(request, collect_all(streams))
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text}, "logprobs": None,
+        choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
+                    "logprobs": None if o.logprobs is None else chat_logprobs(o.logprobs, state.token_text),
                     "finish_reason": o.finish_reason} for i, o in enumerate(outcomes)]
         return JSONResponse(reply.body("chat.completion", choices, **_totals(outcomes, body.return_perf_metrics)))
 
@@ -117,6 +131,9 @@ async def _events(streams: list[RequestStream], reply: _Reply, obj: str, choice:
     after the stream started ends it with an OpenAI error event (as vLLM sends it) before ``[DONE]``."""
     extra: dict[str, Any] = {"usage": None} if include_usage else {}
     started: set[int] = set()
+    # Log-probabilities of tokens whose text is held back (a possible stop string) wait for the
+    # choice's next chunk.
+    pending: dict[int, list[TokenLogprob]] = {}
     num_output_tokens, num_prompt_tokens = 0, 0
     try:
         async for index, delta in merged(streams):
@@ -126,9 +143,13 @@ async def _events(streams: list[RequestStream], reply: _Reply, obj: str, choice:
             if error is not None:
                 yield event(error.openai_body())
                 break
+            if delta.logprobs is not None:
+                pending.setdefault(index, []).extend(delta.logprobs)
             if not (delta.text_delta or delta.finished or index not in started):
                 continue
-            chunk = reply.body(obj, [choice(index, delta.text_delta, delta.finish_reason, index not in started)], **extra)
+            logprobs = pending.pop(index, []) if delta.logprobs is not None else None
+            chunk = reply.body(obj, [choice(index, delta.text_delta, delta.finish_reason, index not in started, logprobs)],
+                               **extra)
             started.add(index)
             if delta.finished and return_perf_metrics:
                 chunk["perf_metrics"] = perf_metrics(delta.metrics)

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI and Triton endpoints, and the sampling parameters they ask for.
 
 Unknown OpenAI fields are ignored, as vLLM does, except those whose meaning this server cannot
-honour (penalties, logprobs, tools, ...): a non-neutral value of one of those is a 400 rather
+honour (penalties, tools, ...): a non-neutral value of one of those is a 400 rather
 than silently different output. Triton's generate body is strict, as Triton is about inputs.
 """
 
@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
 from specdec.server.errors import APIError, from_validation_error
 
@@ -23,8 +24,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0),
     "repetition_penalty": (None, 1, 1.0),
     "logit_bias": (None, {}),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -71,6 +70,11 @@ class _OpenAIRequest(BaseModel):
             if name in _NEUTRAL and value not in _NEUTRAL[name]:
                 raise APIError(400, f"{name}: not supported by this server", name)
 
+    def logprobs_count(self) -> int | None:
+        """How many likeliest tokens' log-probabilities each output position asks for (``None``: no
+        log-probabilities)."""
+        return None
+
     def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
         """The engine's parameters for choice ``choice``; OpenAI's default temperature is 1
         (sampling). With a ``seed``, choice ``i`` samples with ``seed + i``: the same seed for every
@@ -84,6 +88,7 @@ class _OpenAIRequest(BaseModel):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             seed=None if self.seed is None else self.seed + choice,
+            logprobs=self.logprobs_count(),
         )
 
 
@@ -91,6 +96,11 @@ class CompletionRequest(_OpenAIRequest):
     #: Text, token ids, or a list holding one of those (one prompt per request).
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS,
+                                 description="Log-probabilities of the chosen and this many likeliest tokens.")
+
+    def logprobs_count(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         prompt = self.prompt
@@ -124,6 +134,16 @@ class ChatCompletionRequest(_OpenAIRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]

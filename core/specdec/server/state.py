@@ -30,6 +30,10 @@ class ServerState:
         if name is not None and name != self.model_name:
             raise APIError(404, f"The model `{name}` does not exist (this server serves `{self.model_name}`).", "model")
 
+    def token_text(self, token_id: int) -> str:
+        """One token's own decoded text (how log-probabilities name tokens)."""
+        return self.llm.tokenizer.decode([token_id])
+
     def encode(self, prompt: str | list[dict[str, str]], chat: bool, param: str) -> list[int]:
         """Token ids of a text prompt or a conversation; a 400 naming ``param`` if it cannot be."""
         try:

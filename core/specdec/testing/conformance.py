@@ -238,6 +238,24 @@ class MethodConformance:
         assert [o.token_ids for o in outputs] == expected
         assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0, "no draft was accepted in the batch"
 
+    def test_logprobs_equal_plain_decodings(self, plain: LLM, spec: LLM, prompts: list[list[int]]) -> None:
+        """Each output token's log-probability and the top 3 at its position are plain decoding's
+        (fp32): they come from the verify forward's row that chose the token, the row plain
+        decoding chose it from, including under a stop token met inside accepted drafts."""
+        accepted = 0
+        for ids in prompts:
+            for params in (SamplingParams(max_tokens=24, logprobs=3), SamplingParams(max_tokens=24, logprobs=0)):
+                expected = plain.generate({"prompt_token_ids": ids}, params)[0]
+                got = spec.generate({"prompt_token_ids": ids}, params)[0]
+                assert got.token_ids == expected.token_ids
+                assert [lp.token_id for lp in got.logprobs] == got.token_ids
+                for mine, theirs in zip(got.logprobs, expected.logprobs, strict=True):
+                    assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+                    assert [t for t, _ in mine.top] == [t for t, _ in theirs.top] and len(mine.top) == params.logprobs
+                    assert [v for _, v in mine.top] == pytest.approx([v for _, v in theirs.top], abs=1e-4)
+                accepted += got.metrics.num_accepted_tokens
+        assert accepted > 0, "no draft token was ever accepted: the test would prove nothing"
+
     def test_stop_token_inside_accepted_drafts(self, plain: LLM, spec: LLM, prompts: list[list[int]]) -> None:
         """A stop token met inside a run of accepted drafts ends output exactly as plain decoding."""
         checked = 0
