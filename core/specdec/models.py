@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from specdec.errors import ModelLoadError
+from specdec.errors import ConfigError, ModelLoadError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_ALIASES = {DEFAULT_MODEL, "default", "smollm2"}
@@ -79,6 +79,19 @@ def is_default_model(model: Any) -> bool:
     drafters trained for it and use them when no ``speculative_model`` is given."""
     path = getattr(model, "name_or_path", "") or ""
     return bool(path) and Path(path).resolve() == (cache_dir() / "models" / DEFAULT_MODEL).resolve()
+
+
+def drafter_checkpoint(speculative_model: str | None, target_model: Any, shipped: Path, what: str, package: str) -> str:
+    """``speculative_model`` when given; else the ``what`` (e.g. "EAGLE-3 head", said with its
+    article) that ``package`` ships in ``shipped`` for the default target. One-line errors when another target has no
+    ``speculative_model`` or the shipped files are missing."""
+    if speculative_model:
+        return str(speculative_model)
+    if not is_default_model(target_model):
+        raise ConfigError(f"speculative_model: required; {what} ships only for the default target (SmolLM2-135M-Instruct)")
+    if not (shipped / "config.json").exists():
+        raise ModelLoadError(f"{what} shipped with {package} is missing: {shipped} (reinstall it)")
+    return str(shipped)
 
 
 def resolve_model_path(model: str | None) -> str:

@@ -45,8 +45,8 @@ from specdec import (
 from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
-from specdec.errors import ConfigError, ModelLoadError
-from specdec.models import is_default_model
+from specdec.errors import ConfigError
+from specdec.models import drafter_checkpoint
 from specdec_eagle3.head import HeadCache
 from specdec.trees import TreeCandidates
 from specdec_eagle3.tree import frontier_mask
@@ -58,15 +58,7 @@ SHIPPED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-eagle3"
 
 def head_source(config: Eagle3DecodingConfig, target: TargetContext) -> str:
     """The head named by ``config``, else the shipped one when the target is the default model."""
-    if config.speculative_model:
-        return str(config.speculative_model)
-    if not is_default_model(target.model):
-        raise ConfigError(
-            "speculative_model: required; an EAGLE-3 head ships only for the default target (SmolLM2-135M-Instruct)"
-        )
-    if not (SHIPPED_HEAD / "config.json").exists():
-        raise ModelLoadError(f"the shipped EAGLE-3 head is missing: {SHIPPED_HEAD} (reinstall specdec-plugin-eagle3)")
-    return str(SHIPPED_HEAD)
+    return drafter_checkpoint(config.speculative_model, target.model, SHIPPED_HEAD, "an EAGLE-3 head", "specdec-plugin-eagle3")
 
 
 @dataclass

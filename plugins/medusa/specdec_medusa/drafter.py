@@ -21,6 +21,7 @@ accepted). Heads ``0..depth-1`` then run once for the whole batch.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -34,11 +35,15 @@ from specdec import (
     logits_to_probs,
     prepack_linears,
 )
+from specdec.models import drafter_checkpoint
 from specdec.trees import parents_of_paths
 from specdec_medusa.checkpoint import load_heads
 from specdec_medusa.config import MedusaDecodingConfig
 
 logger = logging.getLogger(__name__)
+
+#: The heads trained for the default target by ``specdec train medusa`` (see docs/medusa.md).
+SHIPPED_HEADS = Path(__file__).resolve().parent / "weights" / "smollm2-medusa"
 
 
 class MedusaResources(HiddenStateResources):
@@ -46,10 +51,10 @@ class MedusaResources(HiddenStateResources):
 
     def __init__(self, config: MedusaDecodingConfig, target: TargetContext) -> None:
         super().__init__(target)
-        if not config.speculative_model:
-            raise ConfigError("speculative_model: required, the directory of the Medusa heads")
+        source = drafter_checkpoint(config.speculative_model, target.model, SHIPPED_HEADS, "a set of Medusa heads",
+                                    "specdec-plugin-medusa")
         model_config = target.model.config
-        heads = load_heads(config.speculative_model, int(model_config.hidden_size), target.vocab_size, config.num_medusa_heads,
+        heads = load_heads(source, int(model_config.hidden_size), target.vocab_size, config.num_medusa_heads,
                            target.model.get_output_embeddings().weight)
         self.tree = _fit_tree(config, heads.num_heads)
         self.parents = parents_of_paths(self.tree)

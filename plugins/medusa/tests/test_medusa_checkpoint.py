@@ -112,7 +112,7 @@ def test_errors_name_the_tensor_or_field(heads: MedusaHeads, tmp_path: Path) -> 
 
 def test_llm_reports_bad_checkpoint_and_too_deep_tree(tmp_path: Path) -> None:
     target = make_tiny_target(seed=0)
-    with pytest.raises(ConfigError, match="speculative_model: required"):
+    with pytest.raises(ConfigError, match="speculative_model: required; a set of Medusa heads ships only for the default"):
         LLM(target.model, {"method": "medusa"}, tokenizer=target.tokenizer)
     hidden = target.model.config.hidden_size
     directory = save_fasterdecoding(MedusaHeads(2, 1, hidden, target.model.config.vocab_size), tmp_path)
