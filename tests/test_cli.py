@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from specdec.cli.main import main
 
@@ -105,6 +106,17 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys:
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], err
+
+
+def test_a_model_that_cannot_load_is_one_whole_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers' multi-line reason (here: no tokenizer beside a config) comes on the error's one
+    line, whole."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    with pytest.raises((OSError, ValueError)) as raised:
+        AutoTokenizer.from_pretrained(tmp_path)
+    assert len(str(raised.value).splitlines()) > 1  # what the test is about
+    reason = " ".join(str(raised.value).split())
+    test_bad_input_is_one_line_and_exit_2(["generate", "--model", str(tmp_path), "x"], reason, capsys)
 
 
 def test_bad_input_from_a_real_process() -> None:

@@ -148,6 +148,6 @@ def load_model(model: str | None, dtype: str | torch.dtype, device: str | torch.
         tokenizer = AutoTokenizer.from_pretrained(path)
         loaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # transformers' messages span lines
         raise ModelLoadError(f"cannot load model {model or DEFAULT_MODEL!r}: {reason}") from None
     return loaded.to(dev).eval(), tokenizer
