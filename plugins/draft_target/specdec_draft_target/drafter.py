@@ -25,7 +25,8 @@ as soon as every row's chain has ended, saving the forwards a weak draft would w
 go on depends only on tokens already drafted, so sampled output keeps the target's distribution.
 
 Reconciling from ``request.token_ids`` at each step makes the state right whatever happened in
-between, including steps the engine ran without drafting.
+between, including steps the engine ran without drafting and a drafting call that raised part-way
+(rows are first cut back to the tokens their state records).
 
 The prefill waits for the first step that drafts: a request the engine's policy never drafts for
 (in a large batch where drafting does not pay) never costs the draft a forward. The prefill's
@@ -102,6 +103,7 @@ class DraftModel:
         """Draft up to ``request.max_draft_len`` tokens after each request's ``token_ids``."""
         states: list[DraftState] = [r.method_state for r in requests]
         self._sync_rows(requests, states)
+        self._drop_unrecorded(states)
         self._keep_confirmed(requests, states)
         budgets = [max(min(r.max_draft_len, self.runner.max_length - len(r.token_ids)), 0) for r in requests]
         rounds = max(budgets, default=0)
@@ -203,6 +205,20 @@ class DraftModel:
         state.tokens, state.committed = list(prefix), len(prefix)
         self.sync_seconds += time.perf_counter() - start
         return cache
+
+    def _drop_unrecorded(self, states: list[DraftState]) -> None:
+        """Cut each row and its state back to the tokens both hold.
+
+        They agree whenever a call returned. One that raised part-way (the engine then retries
+        each request alone) may have forwarded tokens its rows' state does not record yet, or
+        dropped from the state a token it was about to feed again; the tokens both hold are still
+        the row's, so drafting goes on from them as if that call had never run.
+        """
+        lengths = self.cache.lengths
+        for state, length in zip(states, lengths):
+            del state.tokens[length:]
+            state.committed = min(state.committed, len(state.tokens))
+        self.cache.rollback_rows([length - len(state.tokens) for state, length in zip(states, lengths)])
 
     def _keep_confirmed(self, requests: list[Request], states: list[DraftState]) -> None:
         """Keep each row's pending drafts that its request emitted; drop the others."""

@@ -63,10 +63,25 @@ def head_source(config: Eagle3DecodingConfig, target: TargetContext) -> str:
 
 @dataclass
 class HeadState:
-    """One request's head cache and the target features not yet in it (positions ``cache.length`` on)."""
+    """One request's head cache and the target features not yet in it (positions ``cached`` on).
+
+    The engine retries each request alone when a call for the whole batch raised, so a request's
+    draft step or accept may run twice, or after one that raised part-way: the cache may then
+    hold positions past ``cached`` (dropped before drafting), and a draft step finds no pending
+    pairs (it starts from ``last``), an accept its pairs queued already (it adds nothing).
+    """
 
     cache: HeadCache = field(default_factory=HeadCache)
     pending: list[torch.Tensor] = field(default_factory=list)
+    #: True pairs in the cache, its first positions.
+    cached: int = 0
+    #: The head's output at the last true pair in the cache, ``[1, 1, hidden]``.
+    last: torch.Tensor | None = None
+
+    @property
+    def pairs(self) -> int:
+        """True pairs known, cached or pending: one for every token but the last once in step."""
+        return self.cached + sum(features.shape[0] for features in self.pending)
 
 
 class Eagle3Resources(HiddenStateResources):
@@ -102,8 +117,8 @@ class Eagle3Resources(HiddenStateResources):
         super().release()
 
     def commit(self, request: Request, result: VerifyResult) -> None:
-        """Queue the true features of the last token and the accepted drafts."""
-        if request.finished:
+        """Queue the true features of the last token and the accepted drafts, unless queued already."""
+        if request.finished or request.method_state.pairs == len(request.token_ids) - 1:
             return
         hidden_states = request.target_output.hidden_states
         if result.accepted_nodes is None:
@@ -177,20 +192,23 @@ class Eagle3Resources(HiddenStateResources):
         return F.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
     def _catch_up(self, request: Request, state: HeadState) -> torch.Tensor:
-        """Run the pending true pairs through the head; returns its output at the last one, ``[1, 1, hidden]``."""
-        start = state.cache.length
-        features = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
-        count = features.shape[0]
-        token_ids = request.token_ids[start + 1 : start + 1 + count]
-        if len(token_ids) != count or start + count != len(request.token_ids) - 1:
+        """Run the pending true pairs through the head; returns its output at the last true pair,
+        ``[1, 1, hidden]``. The state changes only once the head's forward succeeded."""
+        start, count = state.cached, state.pairs - state.cached
+        if start + count != len(request.token_ids) - 1:
             raise RuntimeError(
                 f"EAGLE-3 head state out of step: {start} cached + {count} pending pairs for {len(request.token_ids)} tokens"
             )
-        state.pending = []
+        state.cache.crop(start)
+        if not count:
+            return state.last
+        features = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
+        token_ids = request.token_ids[start + 1 : start + 1 + count]
         embeds = self.embed(torch.tensor([token_ids], device=self.device))
         positions = torch.arange(start, start + count, device=self.device)[None]
         out = self.head(embeds, self.head.fuse(features[None]), positions, state.cache)
-        return out[:, -1:]
+        state.pending, state.cached, state.last = [], start + count, out[:, -1:].clone()
+        return state.last
 
     def _choose(self, draft_logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
         """Pick the target token for position ``len(request.token_ids) + offset`` from
