@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -12,7 +13,7 @@ from specdec.errors import ConfigError
 from specdec.training.reporting import per_output
 from specdec.training.state import STATE_FILE
 from specdec_mtp.training.loop import Evaluation, FitOptions, MTPTarget, MTPTrainee, describe_shape, layers_shape
-from specdec_mtp.training.model import export, export_into_target_copy, new_layers
+from specdec_mtp.training.model import export, export_into_target_copy, new_layers, start_from
 
 
 @click.command("mtp")
@@ -25,22 +26,35 @@ from specdec_mtp.training.model import export, export_into_target_copy, new_laye
                    "model.layers.{L}.. with num_nextn_predict_layers in its config.json, as DeepSeek ships them.")
 @click.option("--num-layers", type=int, default=1, show_default=True,
               help="MTP layers (num_nextn_predict_layers): layer k drafts the token k + 1 ahead of the target's state.")
+@click.option("--num-depths", type=int, default=None,
+              help="Depths trained (default: one per layer). Past --num-layers the last layer is trained again on "
+                   "its own outputs, as the plugin reuses it when max_draft_len exceeds the layers.")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Start the layers from the MTP layers in this directory (DeepSeek-V3 layout: an earlier run's "
+                   "--output, or a DeepSeek checkpoint) instead of from the target's last layer.")
 @click.option("--omit-shared-head", is_flag=True,
               help="Leave shared_head.head (the target's frozen lm_head, 28M parameters for SmolLM2) out of the "
                    "exported layers: the plugin then projects through the target's own lm_head. Small to ship, but "
                    "vLLM and TensorRT-LLM require the tensor.")
-def mtp(into_target_copy: str | None, num_layers: int, omit_shared_head: bool, **common) -> None:
+def mtp(into_target_copy: str | None, num_layers: int, num_depths: int | None, init_from: str | None,
+        omit_shared_head: bool, **common) -> None:
     """Train DeepSeek-V3 MTP layers on a frozen target (any Llama-style decoder) from conversations it answered."""
     output = common["output"]
     if into_target_copy is not None and Path(into_target_copy).resolve() == Path(output).resolve():
         raise ConfigError("--into-target-copy: must be another directory than --output")
     check_options({"num-layers": num_layers}, **common)
-    saved = saved_state(output, common["resume"], layers_shape(num_layers), describe_shape)
+    if num_depths is not None and num_depths < num_layers:
+        raise ConfigError(f"--num-depths: must be at least --num-layers ({num_layers}), got {num_depths}")
+    saved = saved_state(output, common["resume"], layers_shape(num_layers, num_depths), describe_shape)
     with training_inputs(**common) as inputs:
         target, world = inputs.target, inputs.world
-        layers = new_layers(target, num_layers).to(world.device)
-        options = fit_options(FitOptions, inputs, **common)
-        inputs.console.print(f"training {num_layers} MTP layer(s) ({type(layers[0].block).__name__} blocks) on a frozen "
+        layers = new_layers(target, num_layers)
+        if init_from is not None:
+            start_from(layers, init_from, target.config)
+        layers = layers.to(world.device)
+        options = replace(fit_options(FitOptions, inputs, **common), depths=num_depths)
+        inputs.console.print(f"training {describe_shape(layers_shape(num_layers, num_depths))} "
+                             f"({type(layers[0].block).__name__} blocks) on a frozen "
                              f"{target.config.model_type} target: {inputs.summary(options)}")
         export_dtype, base = DTYPES[common["export_dtype"]], common["model"] or DEFAULT_BASE
         run_training(MTPTrainee(layers, MTPTarget(target), options, inputs.vocabulary), inputs, options, output, saved,

@@ -26,6 +26,8 @@ class FitOptions(TrainingOptions):
     lr: float = 3e-4
     #: Depth ``k``'s loss weight is ``decay ** (k - 1)`` (DeepSeek's equal weights: 1).
     decay: float = 1.0
+    #: Depths trained, at least the layers (``None``: one per layer); the last layer serves those past it.
+    depths: int | None = None
 
 
 @dataclass
@@ -48,7 +50,7 @@ class MTPTarget(FrozenTarget):
         """:func:`mtp_loss` of ``layers`` over ``batch``."""
         ids, mask = batch["input_ids"].to(self.device), batch["loss_mask"].to(self.device)
         return mtp_loss(layers, self.embed, self.rotary, self(batch), ids, mask, options.decay, options.chunk,
-                        backward=backward, bf16=options.bf16, vocabulary=vocabulary)
+                        backward=backward, bf16=options.bf16, vocabulary=vocabulary, depths=options.depths)
 
 
 class MTPTrainee:
@@ -64,7 +66,7 @@ class MTPTrainee:
         return trainable_state(self.module)
 
     def shape(self) -> dict[str, Any]:
-        return layers_shape(len(self.module))
+        return layers_shape(len(self.module), self.options.depths)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> DepthScores:
         return self.target.loss(self.module, batch, self.options, backward=True, vocabulary=self.vocabulary)
@@ -73,13 +75,14 @@ class MTPTrainee:
         return evaluate(self.module, self.target, dataset, self.options, world)
 
 
-def layers_shape(num_layers: int) -> dict[str, Any]:
-    """What a resumed run must match: the number of layers."""
-    return {"num_layers": num_layers}
+def layers_shape(num_layers: int, depths: int | None = None) -> dict[str, Any]:
+    """What a resumed run must match: the number of layers, and of depths where it differs."""
+    return {"num_layers": num_layers} if depths in (None, num_layers) else {"num_layers": num_layers, "num_depths": depths}
 
 
 def describe_shape(shape: dict[str, Any]) -> str:
-    return f"{shape['num_layers']} MTP layer(s)"
+    depths = shape.get("num_depths")
+    return f"{shape['num_layers']} MTP layer(s)" + (f" trained over {depths} depths" if depths else "")
 
 
 @torch.no_grad()
@@ -90,7 +93,7 @@ def evaluate(layers: nn.ModuleList, target: MTPTarget, dataset: torch.utils.data
     layers.eval()
     lengths = conversation_lengths(dataset)
     items = sorted(range(world.rank, len(dataset), world.size), key=lambda i: lengths[i])
-    n = len(layers)
+    n = options.depths or len(layers)
     totals = [0.0] * (3 * n)
     plain = FitOptions(**{**asdict(options), "bf16": False})
     for start in range(0, len(items), options.batch_size):

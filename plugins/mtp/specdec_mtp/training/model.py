@@ -29,7 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specdec_mtp.checkpoint import INDEX_FILE, mtp_layer_tensors
+from specdec.errors import ConfigError, ModelLoadError
+from specdec_mtp.checkpoint import INDEX_FILE, load_mtp_layers, mtp_layer_tensors
 from specdec_mtp.layer import MTPLayer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -61,6 +62,22 @@ def new_layers(target: Any, count: int) -> nn.ModuleList:
         layer.shared_head.head.weight = lm_head
         layers.append(layer.float())
     return layers
+
+
+def start_from(layers: nn.ModuleList, directory: str | Path, config: Any) -> None:
+    """Set the trainable weights of ``layers`` to the first ``len(layers)`` MTP layers stored in
+    ``directory`` (DeepSeek-V3's layout: an earlier run's export, or a DeepSeek checkpoint); the
+    shared ``lm_head`` stays the target's."""
+    try:
+        stored = load_mtp_layers(directory, config, len(layers))
+    except ModelLoadError as error:
+        raise ConfigError(f"--init-from: {error}") from None
+    for k, (layer, source) in enumerate(zip(layers, stored)):
+        wanted = {name for name, p in layer.named_parameters() if p.requires_grad}
+        state = {name: t for name, t in source.state_dict().items() if name in wanted}
+        if missing := sorted(wanted - state.keys()):
+            raise ConfigError(f"--init-from: {directory}: MTP layer {k} lacks {', '.join(missing)}")
+        layer.load_state_dict(state, strict=False)
 
 
 def _away_from_zero(weight: torch.Tensor, least: float = 1e-3) -> torch.Tensor:

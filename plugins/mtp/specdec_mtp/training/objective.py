@@ -1,8 +1,11 @@
 """DeepSeek-V3's MTP objective (technical report, section 2.2) on a frozen target's final states.
 
-Depth ``k`` (1-based; layer ``k - 1``) at position ``i`` reads depth ``k - 1``'s output there
-(for ``k = 1`` the target's final normed state, which is what the drafter feeds it: the runner's
-``hidden_states[-1]``) and the embedding of token ``i + k``, and learns token ``i + k + 1``. The
+Depth ``k`` (1-based; layer ``min(k, n) - 1`` of ``n``) at position ``i`` reads depth ``k - 1``'s
+output there (for ``k = 1`` the target's final normed state, which is what the drafter feeds it:
+the runner's ``hidden_states[-1]``) and the embedding of token ``i + k``, and learns token
+``i + k + 1``. There are ``D >= n`` depths, one per layer by default; past ``n`` the last layer
+is trained again on its own outputs, which is how the drafter reuses it when ``max_draft_len``
+exceeds the layers (vLLM's rule), so one layer can learn to draft several tokens. The
 depths run in sequence over whole conversations (a batch right-padded, causal attention), each
 over positions ``0 .. T - k - 2``, and gradients flow back through the chain as in DeepSeek's
 joint training. A position counts only where its label is an assistant token (``loss_mask``),
@@ -46,7 +49,7 @@ class DepthScores(Scores):
 def mtp_loss(layers: nn.ModuleList, embed: nn.Module, rotary: Callable[..., tuple[torch.Tensor, torch.Tensor]],
              hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, decay: float = 1.0,
              chunk: int = 1024, backward: bool = False, bf16: bool = False,
-             vocabulary: TrainingVocabulary | None = None) -> DepthScores:
+             vocabulary: TrainingVocabulary | None = None, depths: int | None = None) -> DepthScores:
     """Every depth's loss and top-1 hits over a right-padded batch.
 
     :param embed: the target's (frozen) input embedding; ``rotary``: its rotary embedding module.
@@ -56,13 +59,18 @@ def mtp_loss(layers: nn.ModuleList, embed: nn.Module, rotary: Callable[..., tupl
     :param bf16: matrix products in bfloat16 (autocast; weights and the summed losses stay float32).
     :param vocabulary: score over these tokens only (training; evaluation takes the whole vocabulary):
         a position whose label lies outside is not scored.
+    :param depths: ``D``, at least ``len(layers)`` (default: equal); the last layer serves the depths past it.
     """
     batch, length = input_ids.shape
+    depths = depths or len(layers)
+    if depths < len(layers):
+        raise ValueError(f"{depths} depths for {len(layers)} layers: every layer needs its depth")
     scores = DepthScores([], [], [])
     previous = hidden.float()
     roots: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
-    for k, layer in enumerate(layers, start=1):
+    for k in range(1, depths + 1):
+        layer = layers[min(k, len(layers)) - 1]
         span = length - k - 1  # positions whose label, token i + k + 1, exists
         if span < 1:
             scores.loss_sums.append(0.0), scores.correct.append(0), scores.counts.append(0)
@@ -88,7 +96,7 @@ def mtp_loss(layers: nn.ModuleList, embed: nn.Module, rotary: Callable[..., tupl
             want = labels[r, c]
             loss = F.cross_entropy(logits if bf16 else logits.float(), want, reduction="none").float().sum()
             if backward:
-                (loss * (decay ** (k - 1) / (count * len(layers)))).backward()
+                (loss * (decay ** (k - 1) / (count * depths))).backward()
             loss_sum += float(loss.detach())
             correct += int((logits.detach().argmax(-1) == want).sum())
         if backward and detached.grad is not None:
