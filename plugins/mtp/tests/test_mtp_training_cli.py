@@ -17,12 +17,14 @@ from transformers import AutoModelForCausalLM
 
 from specdec import LLM, SamplingParams
 from specdec.cli.main import main
+from specdec.testing.conformance import fixed_draft_len
 from specdec.training.distributed import World
 from specdec.training.examples import ExampleDataset, load_examples
 from specdec.testing.training import Interrupted, answered, interrupted_after_save, saved_target
 from specdec.training.state import STATE_FILE
 from specdec_mtp.training.loop import FitOptions, MTPTarget, evaluate
-from specdec_mtp.training.model import new_layers
+from specdec_mtp.checkpoint import mtp_layer_tensors
+from specdec_mtp.training.model import new_layers, start_from
 
 OWN = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -109,18 +111,53 @@ def test_train_export_draft_validate(files: dict, capsys: pytest.CaptureFixture[
 def test_layers_without_their_head_draft_through_the_target_lm_head(files: dict) -> None:
     """--omit-shared-head leaves shared_head.head out of the export; the plugin then projects
     through the target's lm_head, which is what training shared: the same run exported with the
-    head drafts exactly the same (same output, same acceptance)."""
+    head drafts exactly the same (same output, same acceptance at a fixed draft length)."""
     common = ("--max-steps", "6", "--lr", "1e-2", "--warmup", "2", "--export-dtype", "float32")
     with_head, without = files["dir"] / "with-head", files["dir"] / "without-head"
     assert main(train(files, with_head, *common)) == 0
     assert main(train(files, without, *common, "--omit-shared-head")) == 0
     assert set(load_file(str(without / "model.safetensors"))) == \
         {f"model.layers.{i}.{n}" for i in (2, 3) for n in OWN if n != "shared_head.head.weight"}
-    runs = [generate(files["target"].model, {"method": "mtp", "speculative_model": str(d), "max_draft_len": 2}, files)
+    # A fixed draft length: the adaptive one follows measured forward costs, which vary between runs.
+    runs = [generate(files["target"].model,
+                     fixed_draft_len({"method": "mtp", "speculative_model": str(d), "max_draft_len": 2}), files)
             for d in (with_head, without)]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
     accepted = [[o.metrics.num_accepted_tokens for o in run] for run in runs]
     assert accepted[0] == accepted[1] and sum(accepted[0]) > 0
+
+
+def test_one_layer_trained_over_more_depths_from_an_earlier_run(files: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    """--init-from starts the layers from an earlier run's export (its weights exactly); with
+    --num-depths 2 one layer is measured and trained at two depths, and its export drafts two
+    tokens a step, the drafter reusing it, without changing greedy output. A resume must keep
+    the depths."""
+    first, second = files["dir"] / "one-depth", files["dir"] / "two-depths"
+    one = [*train(files, first, "--max-steps", "4", "--lr", "1e-2", "--export-dtype", "float32")]
+    one[one.index("--num-layers") + 1] = "1"
+    assert main(one) == 0
+    target = files["target"].model
+    started = new_layers(target, 1)
+    start_from(started, first, target.config)
+    stored = load_file(str(first / "model.safetensors"))
+    assert all(torch.equal(stored[name], tensor) for name, tensor in mtp_layer_tensors(started[0], 2).items())
+    capsys.readouterr()
+    two = [*one[:one.index("--output")], "--output", str(second), *one[one.index("--output") + 2:]]
+    common = ("--num-depths", "2", "--init-from", str(first), "--eval-data", files["data"])
+    assert main([*two, *common]) == 0
+    assert "training 1 MTP layer(s) trained over 2 depths" in " ".join(capsys.readouterr().err.split())
+    record = json.loads((second / "training.json").read_text())
+    assert len(record["heldout_loss_per_depth"]) == len(record["train_loss_per_depth"]) == 2
+    assert json.loads((second / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    expected = [o.token_ids for o in generate(target, None, files)]
+    outputs = generate(target, fixed_draft_len({"method": "mtp", "speculative_model": str(second), "max_draft_len": 2}),
+                       files)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    one_line_error([*two, "--resume"], "--resume: the saved state holds 1 MTP layer(s) trained over 2 depths, "
+                   "this run asks for 1 MTP layer(s)", capsys)
+    one_line_error([*train(files, files["dir"] / "o2", "--init-from", str(first))],
+                   f"--init-from: MTP layers in {first}: missing tensor model.layers.3.", capsys)
 
 
 def test_states_cached_by_either_trainer_replace_the_target(files: dict, monkeypatch: pytest.MonkeyPatch,
@@ -174,6 +211,7 @@ def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: 
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--num-layers", "0"], "--num-layers: must be at least 1, got 0"),
+    (["--num-layers", "2", "--num-depths", "1"], "--num-depths: must be at least --num-layers (2), got 1"),
     (["--max-steps", "0"], "--max-steps: must be at least 1, got 0"),
     (["--lr", "0"], "--lr: must be positive, got 0.0"),
     (["--eval-fraction", "0.1", "--eval-data", "x"], "--eval-fraction and --eval-data are alternatives; give one"),

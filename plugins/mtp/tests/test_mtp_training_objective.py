@@ -28,11 +28,15 @@ def setup():
     return target, layers, MTPTarget(target.model)
 
 
-def test_depth_k_at_position_i_is_the_drafters_draft_k(setup, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("num_layers", [2, 1], ids=["a layer per depth", "one layer reused"])
+def test_depth_k_at_position_i_is_the_drafters_draft_k(setup, num_layers: int, tmp_path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """For every proposal the engine's drafter made (N tokens known, drafts d1 d2), the objective
-    on ``tokens + drafts`` predicts d1 at depth 1 and d2 at depth 2: the positions, inputs and
-    labels the trainer uses are the drafter's."""
-    target, layers, frozen = setup
+    on ``tokens + drafts`` over two depths predicts d1 at depth 1 and d2 at depth 2: the positions,
+    inputs and labels the trainer uses are the drafter's, also where one layer serves both depths
+    (the drafter's reuse past the layers, and ``--num-depths``)."""
+    target, all_layers, frozen = setup
+    layers = torch.nn.ModuleList(all_layers[:num_layers])
     export(layers, target.model.config, tmp_path, torch.float32, "tiny")
     seen: list[tuple[list[int], list[int]]] = []
     propose = MTPResources.propose
@@ -57,16 +61,19 @@ def test_depth_k_at_position_i_is_the_drafters_draft_k(setup, tmp_path, monkeypa
             mask = torch.zeros_like(ids, dtype=torch.bool)
             mask[0, label] = True
             with torch.no_grad():
-                scores = mtp_loss(layers, frozen.embed, frozen.rotary, hidden, ids, mask)
+                scores = mtp_loss(layers, frozen.embed, frozen.rotary, hidden, ids, mask, depths=2)
             assert scores.counts[depth - 1] == 1 and scores.correct[depth - 1] == 1, (tokens, drafts, depth)
         checked += 1
     assert checked >= 3
 
 
-def test_chunked_backward_gives_the_plain_losss_gradients(setup) -> None:
+@pytest.mark.parametrize(("num_layers", "depths"), [(2, 2), (1, 3)], ids=["a layer per depth", "one layer reused"])
+def test_chunked_backward_gives_the_plain_losss_gradients(setup, num_layers: int, depths: int) -> None:
     """Chunks of 5 positions on detached outputs, the gradients joined in one backward at the end,
-    equal the gradients of ``sum_k decay ** (k - 1) * mean CE_k / D`` computed in one piece."""
-    target, layers, frozen = setup
+    equal the gradients of ``sum_k decay ** (k - 1) * mean CE_k / D`` computed in one piece, the
+    last layer serving the depths past it."""
+    target, all_layers, frozen = setup
+    layers = torch.nn.ModuleList(all_layers[:num_layers])
     ids = torch.randint(3, target.model.config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
     mask = torch.rand(3, 17, generator=torch.Generator().manual_seed(1)) < 0.7
     mask[2, 12:] = False  # padding
@@ -75,12 +82,15 @@ def test_chunked_backward_gives_the_plain_losss_gradients(setup) -> None:
     params = trainable_state(layers)
     for p in params.values():
         p.grad = None
-    scores = mtp_loss(layers, frozen.embed, frozen.rotary, hidden, ids, mask, decay=0.5, chunk=5, backward=True)
+    scores = mtp_loss(layers, frozen.embed, frozen.rotary, hidden, ids, mask, decay=0.5, chunk=5, backward=True,
+                      depths=depths)
+    assert len(scores.counts) == depths
     chunked = {n: p.grad.clone() for n, p in params.items()}
     for p in params.values():
         p.grad = None
     previous, total = hidden, 0.0
-    for k, layer in enumerate(layers, start=1):
+    for k in range(1, depths + 1):
+        layer = layers[min(k, num_layers) - 1]
         span = 17 - k - 1
         positions = torch.arange(span)[None].expand(3, -1)
         embeds = frozen.embed(ids[:, k : k + span])
@@ -88,7 +98,7 @@ def test_chunked_backward_gives_the_plain_losss_gradients(setup) -> None:
         scored = mask[:, k + 1 :]
         loss = F.cross_entropy(layer.logits(out)[scored], ids[:, k + 1 :][scored])
         assert loss.item() == pytest.approx(scores.losses()[k - 1], rel=1e-5)
-        total = total + 0.5 ** (k - 1) * loss / 2
+        total = total + 0.5 ** (k - 1) * loss / depths
         previous = out
     total.backward()
     assert all(torch.allclose(chunked[n], p.grad, atol=1e-6) for n, p in params.items())

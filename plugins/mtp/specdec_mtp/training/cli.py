@@ -42,9 +42,9 @@ def mtp(into_target_copy: str | None, num_layers: int, num_depths: int | None, i
     output = common["output"]
     if into_target_copy is not None and Path(into_target_copy).resolve() == Path(output).resolve():
         raise ConfigError("--into-target-copy: must be another directory than --output")
-    check_options({"num-layers": num_layers}, **common)
     if num_depths is not None and num_depths < num_layers:
         raise ConfigError(f"--num-depths: must be at least --num-layers ({num_layers}), got {num_depths}")
+    check_options({"num-layers": num_layers}, **common)
     saved = saved_state(output, common["resume"], layers_shape(num_layers, num_depths), describe_shape)
     with training_inputs(**common) as inputs:
         target, world = inputs.target, inputs.world
