@@ -201,6 +201,7 @@ def _served_vs_offline(server: str, port: int, prompts: Path, args: argparse.Nam
     quiet_transformers()
     texts = [json.loads(line)["text"] for line in prompts.open()][: args.warmup + args.requests]
     llm = LLM(None, {"method": SERVERS[server][0][1]}, dtype=args.dtype)
+    client = httpx.Client(timeout=600)  # one connection for every request, as a serving client keeps
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     body = {"model": "specdec", "max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -210,7 +211,7 @@ def _served_vs_offline(server: str, port: int, prompts: Path, args: argparse.Nam
 
     def served(text: str) -> int:
         request = {**body, "messages": [{"role": "user", "content": text}]}
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=request, timeout=600) as reply:
+        with client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=request) as reply:
             chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
         return chunks[-1]["usage"]["completion_tokens"]
 
@@ -224,6 +225,7 @@ def _served_vs_offline(server: str, port: int, prompts: Path, args: argparse.Nam
                 totals[mode][0] += tokens
                 totals[mode][1] += time.perf_counter() - start
     llm.close()
+    client.close()
     rates = {mode: tokens / seconds for mode, (tokens, seconds) in totals.items()}
     return {"offline_tokens_per_second": rates["offline"], "served_tokens_per_second": rates["served"],
             "served_over_offline": rates["served"] / rates["offline"], "prompts": len(texts) - args.warmup}

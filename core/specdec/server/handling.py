@@ -111,6 +111,10 @@ async def collect_all(streams: list[RequestStream]) -> list[Outcome]:
 async def merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
     """The deltas of several requests as they come, each with its request's index; raises the
     first :class:`EngineFailure`. Leaving the loop early stops reading (the caller aborts)."""
+    if len(streams) == 1:  # the usual n = 1: no task and queue hop per delta
+        async for delta in streams[0]:
+            yield 0, delta
+        return
     queue: asyncio.Queue[tuple[int, RequestDelta | EngineFailure | None]] = asyncio.Queue()
 
     async def pump(index: int, stream: RequestStream) -> None:

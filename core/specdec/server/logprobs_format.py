@@ -26,7 +26,7 @@ def completion_logprobs(entries: list[TokenLogprob], text: TokenText, offset: in
     for token in tokens:
         offsets.append(offset)
         offset += len(token)
-    top = [{text(t): lp for t, lp in [*e.top, (e.token_id, e.logprob)]} for e in entries]
+    top = [{**{text(t): lp for t, lp in e.top}, token: e.logprob} for e, token in zip(entries, tokens)]
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": top, "text_offset": offsets}
 
 
