@@ -40,7 +40,8 @@ class MTPDecodingConfig(DraftingConfig):
         validation_alias=AliasChoices("speculative_model", "speculative_model_dir", "model"),
         description=(
             "Directory whose safetensors files hold the MTP layers, in DeepSeek-V3's layout. "
-            "Default: the target's own checkpoint directory."
+            "Default: the target's own checkpoint directory; for the default target (SmolLM2-135M-Instruct, which has "
+            "none), the MTP layer this plugin ships for it."
         ),
     )
     use_relaxed_acceptance_for_thinking: bool = Field(

@@ -39,6 +39,7 @@ from specdec import (
     prepack_linears,
 )
 from specdec.errors import ConfigError
+from specdec.models import drafter_checkpoint, is_default_model
 from specdec_mtp.checkpoint import load_mtp_layers
 from specdec_mtp.config import MTPDecodingConfig
 from specdec_mtp.layer import LatentCache, MTPLayer, block_classes
@@ -68,8 +69,15 @@ class MTPState:
     thinking: ThinkingSpan | None = None
 
 
+#: The MTP layer trained for the default target (``specdec train mtp``; docs/mtp.md has the recipe).
+SHIPPED_LAYER = Path(__file__).resolve().parent / "weights" / "smollm2-mtp"
+
+
 def checkpoint_dir(config: MTPDecodingConfig, target: TargetContext) -> Path:
-    """``speculative_model``, else the directory the target was loaded from."""
+    """``speculative_model``; else, for the default target (which has no MTP layers), the layer
+    this package ships for it; else the directory the target was loaded from."""
+    if not config.speculative_model and is_default_model(target.model):
+        return Path(drafter_checkpoint(None, target.model, SHIPPED_LAYER, "an MTP layer", "specdec-plugin-mtp"))
     source = config.speculative_model or getattr(target.model, "name_or_path", "") or ""
     path = Path(source)
     if not source or not path.is_dir():
