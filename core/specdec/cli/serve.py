@@ -14,6 +14,7 @@ from specdec.cli.common import build_config, method_options, model_options, quie
 from specdec.config_loader import split_llm_api_options
 from specdec.errors import ConfigError, SpecdecError
 from specdec.llm import LLM
+from specdec.server.engine_thread import EngineThread
 
 #: The served name of the embedded default model.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -67,24 +68,28 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
         max_batch_size = max_batch_size or file_batch_size
     with _bind(host, port) as sock:
         quiet_transformers()
-        with err.status("loading model"):
-            llm = LLM(model, config, dtype=dtype, device=device, max_batch_size=max_batch_size or 8, **runtime,
-                      max_queue_size=max_queue_size)
+        thread = EngineThread()  # the model is loaded, warmed up, run and closed on this thread only
         try:
-            if warmup:
-                _warm_up(llm, err)
-            name = served_model_name or _default_name(model)
-            url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
-            err.print(f"serving {name} ({llm.method}, batch {llm.engine.max_batch_size}) at {url}: "
-                      f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics")
-            _log_to(err)
-            if not run_app(create_app(llm, name, max_request_bytes), sock, shutdown_timeout, access_log):
-                raise SpecdecError("the server did not start (see the log above)")
+            with err.status("loading model"):
+                llm = thread.run(LLM, model, config, dtype=dtype, device=device, max_batch_size=max_batch_size or 8,
+                                 **runtime, max_queue_size=max_queue_size)
+            try:
+                if warmup:
+                    _warm_up(llm, thread, err)
+                name = served_model_name or _default_name(model)
+                url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
+                err.print(f"serving {name} ({llm.method}, batch {llm.engine.max_batch_size}) at {url}: "
+                          f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics")
+                _log_to(err)
+                if not run_app(create_app(llm, name, max_request_bytes, thread), sock, shutdown_timeout, access_log):
+                    raise SpecdecError("the server did not start (see the log above)")
+            finally:
+                thread.run(llm.close)
         finally:
-            llm.close()
+            thread.close()
 
 
-def _warm_up(llm: LLM, err: Console) -> None:
+def _warm_up(llm: LLM, thread: EngineThread, err: Console) -> None:
     """Measure the step costs of every batch size now (the adaptive draft length needs them)
     rather than in idle moments between the first requests, which a measurement then delays."""
     engine = llm.engine
@@ -92,7 +97,7 @@ def _warm_up(llm: LLM, err: Console) -> None:
     total = len(engine.policy.pending_measurements())
     with err.status(f"warming up: measuring step costs (0 of {total} batch sizes)") as status:
         done = 0
-        while engine.idle_work():
+        while thread.run(engine.idle_work):
             done += 1
             status.update(f"warming up: measuring step costs ({done} of {total} batch sizes)")
 

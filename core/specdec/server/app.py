@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from specdec.llm import LLM
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.body_limit import BodySizeLimit
+from specdec.server.engine_thread import EngineThread
 from specdec.server.errors import install_error_handlers
 from specdec.server.metrics import ServerMetrics
 from specdec.server.openai_routes import openai_router
@@ -21,13 +22,15 @@ from specdec.server.triton_routes import triton_router
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
 
-def create_app(llm: LLM, model_name: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
-    """An app serving ``llm`` as ``model_name``. Its lifespan starts the engine thread and, at
-    shutdown, aborts what is left and stops the thread; ``app.state.engine`` is the
-    :class:`AsyncEngine`, whose ``abort_all`` ends the requests in flight when a graceful
-    shutdown's grace period is over. Nothing else may use ``llm.engine`` while the app runs."""
+def create_app(llm: LLM, model_name: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+               thread: EngineThread | None = None) -> FastAPI:
+    """An app serving ``llm`` as ``model_name``. Its lifespan starts the engine loop on
+    ``thread`` (pass the thread that loaded ``llm``; a new one if none) and, at shutdown, aborts
+    what is left and stops the loop; ``app.state.engine`` is the :class:`AsyncEngine`, whose
+    ``abort_all`` ends the requests in flight when a graceful shutdown's grace period is over.
+    Nothing else may use ``llm.engine`` while the app runs."""
     metrics = ServerMetrics(model_name)
-    engine = AsyncEngine(llm.engine, metrics)
+    engine = AsyncEngine(llm.engine, metrics, thread)
     state = ServerState(llm, engine, model_name, metrics)
 
     @asynccontextmanager

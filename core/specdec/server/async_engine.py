@@ -1,9 +1,10 @@
 """The engine on a thread of its own, driven from asyncio.
 
 The engine is not thread-safe and its steps run target forwards, so every engine call happens on
-one thread owned by :class:`AsyncEngine`: the event loop only puts commands (add, abort, stop) in
-a thread-safe inbox, and gets each request's deltas through the request's own asyncio queue, fed
-with ``loop.call_soon_threadsafe``. The loop never waits on a forward.
+one :class:`~specdec.server.engine_thread.EngineThread` (the one that loaded the model, see that
+module for why): the event loop only puts commands (add, abort, stop) in a thread-safe inbox, and
+gets each request's deltas through the request's own asyncio queue, fed with
+``loop.call_soon_threadsafe``. The loop never waits on a forward.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdec.engine import Engine
 from specdec.requests import RequestDelta
 from specdec.sampling import SamplingParams
+from specdec.server.engine_thread import EngineThread
 from specdec.server.metrics import RequestTracker, ServerMetrics
 
 logger = logging.getLogger("specdec.server")
@@ -71,14 +73,16 @@ class _Active:
 
 
 class AsyncEngine:
-    """Owns the engine thread. :meth:`start` and :meth:`stop` run on the event loop (the app's
-    lifespan); :meth:`add` may be called from any coroutine on that loop."""
+    """Runs the engine loop on ``thread`` (a new one if not given). :meth:`start` and
+    :meth:`stop` run on the event loop (the app's lifespan); :meth:`add` may be called from any
+    coroutine on that loop."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, thread: EngineThread | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        self._thread = thread
+        self._running: Future[None] | None = None  # the engine loop, once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         # Touched by the engine thread only.
@@ -87,17 +91,19 @@ class AsyncEngine:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        return self._running is not None and not self._running.done() and not self._stopping
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread.start()
+        self._thread = self._thread or EngineThread()
+        self._running = self._thread.submit(self._run)
 
     async def stop(self) -> None:
-        """Abort whatever still runs and wait for the thread to end."""
+        """Abort whatever still runs and wait for the engine loop to end."""
         self._stopping = True
         self._inbox.put(("stop",))
-        await asyncio.to_thread(self._thread.join)
+        if self._running is not None:
+            await asyncio.wrap_future(self._running)
 
     def abort_all(self) -> None:
         """Abort every request in flight (the end of a shutdown's grace period): each stream
