@@ -1,21 +1,33 @@
-"""The server's engine thread (specdec.server.async_engine): what it does when the engine fails.
+"""The server's engine thread (specdec.server.async_engine, specdec.server.engine_thread).
 
 A failed step ends every request in flight with an error, counted in /metrics; a command that
 fails (an abort raising) does not keep the other commands taken with it from running, and an add
-taken with it is answered, never left waiting.
+taken with it is answered, never left waiting. `specdec serve` loads, warms up, steps and closes
+the model on one thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.server.async_engine import AsyncEngine, EngineFailure, RequestStream
-from specdec.server.metrics import ServerMetrics
+from specdec.cli import serve as serve_cli
+from specdec.cli.main import main
+from specdec.engine import Engine
 
 pytest.importorskip("prometheus_client")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from specdec.server import uvicorn_runner  # noqa: E402
+from specdec.server.async_engine import AsyncEngine, EngineFailure, RequestStream  # noqa: E402
+from specdec.server.metrics import ServerMetrics  # noqa: E402
 
 
 def _errors(metrics: ServerMetrics) -> float:
@@ -67,3 +79,34 @@ def test_a_failing_command_leaves_the_add_beside_it_answered(tiny, monkeypatch):
         assert llm.engine.num_waiting == 1
 
     asyncio.run(run())
+
+
+def test_serve_runs_every_model_call_on_one_thread(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading, warming up, the steps and closing all happen on the engine thread, never on the
+    main thread: torch work on a second thread gives libgomp a second thread team, after which
+    every forward runs slower (see specdec.server.engine_thread)."""
+    seen: dict[str, set[int]] = {}
+
+    def recorded(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            seen.setdefault(name, set()).add(threading.get_ident())
+            return func(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(serve_cli, "LLM", recorded("load", LLM))
+    monkeypatch.setattr(Engine, "idle_work", recorded("warm up", Engine.idle_work))
+    monkeypatch.setattr(Engine, "step", recorded("step", Engine.step))
+    monkeypatch.setattr(LLM, "close", recorded("close", LLM.close))
+
+    def run_app(app: Any, sock: Any, grace: float, access_log: bool) -> bool:
+        with TestClient(app) as client:  # runs the lifespan: the engine loop starts and stops
+            reply = client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0})
+            assert reply.status_code == 200, reply.text
+        return True
+
+    monkeypatch.setattr(uvicorn_runner, "run_app", run_app)
+    assert main(["serve", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--port", "0"]) == 0
+    assert set(seen) == {"load", "warm up", "step", "close"}
+    threads = set().union(*seen.values())
+    assert len(threads) == 1
+    assert threading.get_ident() not in threads
