@@ -110,3 +110,11 @@ def test_serve_runs_every_model_call_on_one_thread(tiny_dir: Path, monkeypatch: 
     threads = set().union(*seen.values())
     assert len(threads) == 1
     assert threading.get_ident() not in threads
+
+
+def test_a_model_that_fails_to_load_on_the_engine_thread_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """The loading error raised on the engine thread reaches the command line as one line and exit 2."""
+    assert main(["serve", "--model", "/nonexistent/model", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "/nonexistent/model" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

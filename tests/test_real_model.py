@@ -11,19 +11,13 @@ import pytest
 from specdec import LLM, SamplingParams
 from specdec.bench.dataset import load_questions
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import default_model_llm, sampled_distribution_p_value
+from specdec.testing.real_model import plain, sampled_distribution_p_value  # noqa: F401 (plain: a fixture)
 
 pytestmark = pytest.mark.real_model
 
 # Fixed draft length: the adaptive policy decides from this machine's measured forward costs, and
 # where it rightly skips drafting (float32 on a CPU often makes it) nothing would be verified.
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "adaptive_draft_len": False}
-
-
-@pytest.fixture(scope="module")
-def plain() -> LLM:
-    with default_model_llm("float32") as llm:
-        yield llm
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +43,11 @@ def test_ngram_is_lossless_on_spec_bench(plain: LLM, ngram: LLM, params: Samplin
     assert accepted > 0
 
 
-@pytest.mark.parametrize("seeded", [True, False], ids=["seeded", "unseeded"])
-def test_ngram_sampling_follows_target_on_real_model(plain: LLM, seeded: bool) -> None:
-    """Sampled n-gram output on SmolLM2 matches the exact joint distribution of 3 tokens (top-k 2),
-    with seeds (each position's own draw) and without (rejection sampling)."""
+def test_ngram_sampling_follows_target_on_real_model(plain: LLM) -> None:
+    """Unseeded sampled n-gram output on SmolLM2 (rejection sampling) matches the exact joint
+    distribution of 3 tokens (top-k 2). Seeded output equals plain seeded decoding (above)."""
     prompt = "Count: one two three, one two three, one two three, one two"
-    p_value, accepted = sampled_distribution_p_value(plain, NGRAM, prompt, seeded=seeded)
+    p_value, accepted = sampled_distribution_p_value(plain, NGRAM, prompt)
     assert accepted > 0
     assert p_value > P_VALUE_FLOOR
 

@@ -73,15 +73,16 @@ class _Active:
 
 
 class AsyncEngine:
-    """Runs the engine loop on ``thread`` (a new one if not given). :meth:`start` and
-    :meth:`stop` run on the event loop (the app's lifespan); :meth:`add` may be called from any
-    coroutine on that loop."""
+    """Runs the engine loop on ``thread`` (if not given, on a thread of its own, ended by
+    :meth:`stop`). :meth:`start` and :meth:`stop` run on the event loop (the app's lifespan);
+    :meth:`add` may be called from any coroutine on that loop."""
 
     def __init__(self, engine: Engine, metrics: ServerMetrics, thread: EngineThread | None = None) -> None:
         self.engine = engine
         self.metrics = metrics
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._thread = thread
+        self._owns_thread = thread is None
         self._running: Future[None] | None = None  # the engine loop, once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -104,6 +105,8 @@ class AsyncEngine:
         self._inbox.put(("stop",))
         if self._running is not None:
             await asyncio.wrap_future(self._running)
+        if self._owns_thread and self._thread is not None:
+            self._thread.close()
 
     def abort_all(self) -> None:
         """Abort every request in flight (the end of a shutdown's grace period): each stream

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import torch
 
 from specdec.bench.dataset import load_questions
@@ -15,27 +15,32 @@ from specdec.sampling import SamplingParams
 from specdec.testing.conformance import chi_square_p_value, exact_joint_distribution
 
 
-@contextmanager
-def default_model_llm(dtype: str = "float32") -> Iterator[LLM]:
-    """Plain decoding on SmolLM2-135M-Instruct, with every core for as long as it is in use.
+@pytest.fixture(scope="module")
+def plain() -> Iterator[LLM]:
+    """Fixture: plain float32 decoding on SmolLM2-135M-Instruct, loaded once per test module
+    (which takes it by importing it from here), with every core for as long as it is in use.
 
     Test suites pin torch to one thread for their tiny models; a real model wants all of them.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
-        yield LLM(None, None, dtype=dtype)
+        with LLM(None, None, dtype="float32") as llm:
+            yield llm
     finally:
         torch.set_num_threads(threads)
 
 
 def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: str, samples: int = 120,
-                                 tokens: int = 3, chat: bool = False, seeded: bool = True) -> tuple[float, int]:
-    """Sample ``tokens`` tokens (temperature 1, top-k 2) ``samples`` times with speculation and
-    compare them with the target's exact joint distribution by a chi-square test. ``chat`` wraps
-    ``prompt`` as a user turn (a drafter trained on chat replies drafts well there). ``seeded``:
-    each sample has its own seed (the draws of each position's noise); otherwise none has one
-    (rejection sampling, from torch's global generator, seeded here once).
+                                 tokens: int = 3, chat: bool = False) -> tuple[float, int]:
+    """Sample ``tokens`` tokens (temperature 1, top-k 2) ``samples`` times with speculation,
+    unseeded (rejection sampling, from torch's global generator, seeded here once), and compare
+    them with the target's exact joint distribution by a chi-square test. ``chat`` wraps
+    ``prompt`` as a user turn (a drafter trained on chat replies drafts well there).
+
+    Seeded requests need no such test on the real model: their output is plain seeded decoding's
+    token for token (each method's real-model tests check it), and the conformance suite tests
+    their distribution on tiny models.
 
     Returns the p-value and the number of accepted draft tokens (a test should demand both a
     p-value above :data:`~specdec.testing.conformance.P_VALUE_FLOOR` and accepted drafts, or it
@@ -47,9 +52,7 @@ def sampled_distribution_p_value(plain: LLM, speculative_config: dict, prompt: s
     observed: dict[tuple[int, ...], int] = {}
     torch.manual_seed(0)
     with LLM(plain.model, speculative_config, tokenizer=plain.tokenizer) as llm:
-        for seed in range(samples):
-            params = sampling.model_copy(update={"seed": seed}) if seeded else sampling
-            out = llm.generate({"prompt_token_ids": ids}, params)[0]
+        for out in llm.generate([{"prompt_token_ids": ids}] * samples, sampling):  # decoded in batches
             observed[tuple(out.token_ids)] = observed.get(tuple(out.token_ids), 0) + 1
         accepted = llm.get_metrics().num_accepted_tokens
     return chi_square_p_value(observed, expected, samples), accepted

@@ -13,17 +13,11 @@ import pytest
 
 from specdec import LLM, SamplingParams
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import default_model_llm, outputs_alone_and_batched, sampled_distribution_p_value
+from specdec.testing.real_model import outputs_alone_and_batched, plain, sampled_distribution_p_value  # noqa: F401 (plain: a fixture)
 
 pytestmark = pytest.mark.real_model
 
 CONFIG = {"method": "mtp", "max_draft_len": 3, "adaptive_draft_len": False}
-
-
-@pytest.fixture(scope="module")
-def plain() -> LLM:
-    with default_model_llm("float32") as llm:
-        yield llm
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.95, seed=0)],
@@ -41,7 +35,6 @@ def test_shipped_layer_sampling_follows_target(plain: LLM) -> None:
     """Unseeded requests (rejection sampling): the reply's first three sampled tokens (top-k 2)
     match the exact joint distribution (chi-square). Seeded ones equal plain seeded decoding
     (above)."""
-    p_value, accepted = sampled_distribution_p_value(plain, CONFIG, "Write a haiku about the sea.", chat=True,
-                                                     seeded=False)
+    p_value, accepted = sampled_distribution_p_value(plain, CONFIG, "Write a haiku about the sea.", chat=True)
     assert accepted > 0
     assert p_value > P_VALUE_FLOOR
