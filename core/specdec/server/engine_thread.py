@@ -28,6 +28,9 @@ class EngineThread:
     until the server stops); :meth:`run` waits for the call and returns what it returned or raises
     what it raised (start-up work: loading, warming up, closing). :meth:`close` ends the thread
     once the calls before it have run.
+
+    Not a one-worker ``ThreadPoolExecutor``: its worker is no daemon, and the interpreter joins
+    it at exit, so an engine loop that never got its stop would hang the process there.
     """
 
     def __init__(self, name: str = "specdec-engine") -> None:
