@@ -1,8 +1,11 @@
-"""The in-place growable KV cache gives bit-identical logits to transformers' DynamicCache."""
+"""The in-place growable KV cache gives bit-identical logits to transformers' DynamicCache, and a
+drafter's ragged batch of request caches attends as each request alone."""
 
 import torch
 from transformers import DynamicCache
 
+from specdec.attention import grouped_query_attention
+from specdec.kv_cache import RaggedDraftBatch, RequestKV
 from specdec.runner import ModelRunner
 from specdec.testing import make_tiny_target
 
@@ -128,3 +131,33 @@ def test_capacity_stops_at_the_models_context(device):
     for row, step, out in zip(seen, steps, outputs):
         alone = runner.forward(runner.new_cache(), row).logits[-len(step) :]
         torch.testing.assert_close(out.logits, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_ragged_draft_batch_attends_as_each_request_alone():
+    """Requests with 5, 0 and 9 cached positions take two batched appends, the first padded (3, 1
+    and 2 real positions); each row's attention equals that request's own over its own cache, the
+    padding is never attended by later positions, and ``appended`` hands back a row's real keys."""
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 4, 2, 8
+    caches = []
+    for length in (5, 0, 9):
+        cache = RequestKV()
+        if length:
+            cache.append(torch.randn(1, kv_heads, length, dim), torch.randn(1, kv_heads, length, dim))
+        caches.append(cache)
+    batch = RaggedDraftBatch([[c] for c in caches], room=4, device=torch.device("cpu"))
+    counts = [3, 1, 2]
+    for width, real in ((3, torch.arange(3)[None] < torch.tensor(counts)[:, None]), (1, torch.ones(3, 1, dtype=torch.bool))):
+        q = torch.randn(3, heads, width, dim)
+        k, v = torch.randn(3, kv_heads, width, dim), torch.randn(3, kv_heads, width, dim)
+        mask = batch.extend(real)
+        keys, values = batch.layer(0).append(k, v)
+        out = grouped_query_attention(q, keys, values, mask)
+        for row, cache in enumerate(caches):
+            n = int(real[row].sum())
+            own_k, own_v = cache.append(k[row : row + 1, :, :n], v[row : row + 1, :, :n])
+            causal = torch.ones(n, cache.length, dtype=torch.bool).tril(cache.length - n)
+            alone = grouped_query_attention(q[row : row + 1, :, :n], own_k, own_v, causal)
+            torch.testing.assert_close(out[row : row + 1, :, :n], alone)
+            torch.testing.assert_close(batch.appended(row, n)[0][0], k[row : row + 1, :, :n])
+        assert mask is not None  # the first extend is padded; the second still has padding before it

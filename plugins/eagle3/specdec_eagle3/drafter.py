@@ -11,13 +11,14 @@ features, which come from the target's own forwards at no extra cost:
   bonus/recovered token as the last pair's token.
 
 Those pairs wait in ``pending`` and enter the cache in one head forward when the next step
-drafts (catch-up). Drafting then extends the cache with the head's own output as the feature
-(EAGLE's chained step) and rolls those positions back afterwards, so the cache again holds only
-true pairs. Rolling back is cropping the cache's length.
+drafts (catch-up). Drafting then feeds the head its own output as the feature (EAGLE's chained
+step). The running requests draft their chains together, one head forward per depth over a
+:class:`specdec.kv_cache.RaggedDraftBatch` of their caches, so those positions never enter a
+request's own cache; requests a step or two behind catch up together the same way.
 
 With ``eagle_topk > 1`` greedy and seeded requests draft an EAGLE-2 tree (:class:`specdec.trees.TreeCandidates`): each
 depth runs one head forward over the whole frontier, every node attending to the committed cache,
-its ancestors' draft slots and itself; the draft slots are rolled back the same way. The target
+its ancestors' draft slots and itself; the draft slots are then cropped from the request's cache. The target
 verifies the tree and keeps one root-down path, and ``accept`` takes the true features of exactly
 that path's rows (for a seeded request, the path of the target's own draws). Sampled requests
 without a seed draft a chain of ``max_draft_len`` tokens: the core's rejection sampler verifies
@@ -46,6 +47,7 @@ from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
 from specdec.errors import ConfigError
+from specdec.kv_cache import RaggedDraftBatch, RequestKV
 from specdec.models import drafter_checkpoint
 from specdec_eagle3.head import HeadCache
 from specdec.trees import TreeCandidates
@@ -130,34 +132,52 @@ class Eagle3Resources(HiddenStateResources):
         request.method_state.pending.append(features)
 
     @torch.inference_mode()
-    def propose(self, request: Request) -> DraftProposal:
-        """Draft within the step's budget of ``request.max_draft_len`` tokens: a tree for a greedy
-        or seeded request when ``eagle_topk > 1``, else a chain (argmax, or sampled with its distributions)."""
-        budget = request.max_draft_len
-        if budget <= 0:
-            return DraftProposal()
-        state: HeadState = request.method_state
-        hidden = self._catch_up(request, state)
-        depth = min(self.config.max_draft_len, budget)
-        if self.config.is_tree and (request.params.greedy or request.noise is not None):
-            return self._tree(hidden, state.cache, depth, min(self.config.max_draft_tokens, budget))
-        return self._chain(request, hidden, state.cache, depth)
+    def propose(self, requests: list[Request]) -> list[DraftProposal]:
+        """Draft within each request's budget of ``request.max_draft_len`` tokens: a tree for a
+        greedy or seeded request when ``eagle_topk > 1``, else a chain (argmax, or sampled with its
+        distributions). Chains are drafted for the whole batch at once, one head forward per depth."""
+        proposals = [DraftProposal() for _ in requests]
+        drafting = [b for b, request in enumerate(requests) if request.max_draft_len > 0]
+        if not drafting:
+            return proposals
+        hidden = self._catch_up([requests[b] for b in drafting])
+        chains = []
+        for i, b in enumerate(drafting):
+            request = requests[b]
+            if self.config.is_tree and (request.params.greedy or request.noise is not None):
+                depth = min(self.config.max_draft_len, request.max_draft_len)
+                nodes = min(self.config.max_draft_tokens, request.max_draft_len)
+                proposals[b] = self._tree(hidden[i : i + 1], request.method_state.cache, depth, nodes)
+            else:
+                chains.append(i)
+        if chains:
+            drafted = self._chains([requests[drafting[i]] for i in chains], hidden[chains])
+            for i, proposal in zip(chains, drafted):
+                proposals[drafting[i]] = proposal
+        return proposals
 
-    def _chain(self, request: Request, hidden: torch.Tensor, cache: HeadCache, length: int) -> DraftProposal:
-        committed = cache.length
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        for step in range(length):
-            token, dist = self._choose(self.head.logits(hidden)[0, -1], request, step)
-            tokens.append(token)
-            if dist is not None:
-                probs.append(dist)
-            if step + 1 < length:
-                embeds = self.embed(torch.tensor([[token]], device=self.device))
-                position = torch.tensor([[committed + step]], device=self.device)
-                hidden = self.head(embeds, hidden, position, cache)
-        cache.crop(committed)
-        return DraftProposal(tokens, torch.stack(probs) if probs else None)
+    def _chains(self, requests: list[Request], hidden: torch.Tensor) -> list[DraftProposal]:
+        """Each request's chain of ``min(max_draft_len, its budget)`` drafts, drafted together;
+        ``hidden`` is ``[requests, 1, hidden]``, the head's outputs at their last true pairs."""
+        lengths = [min(self.config.max_draft_len, r.max_draft_len) for r in requests]
+        depth = max(lengths)
+        caches = [r.method_state.cache for r in requests]
+        batch = RaggedDraftBatch([self._layers(c) for c in caches], depth - 1, self.device)
+        positions = torch.tensor([[c.length] for c in caches], device=self.device)
+        tokens: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        for step in range(depth):
+            picks = self._choose(self.head.logits(hidden)[:, -1], requests, step)
+            for b, (token, dist) in enumerate(picks):
+                if step < lengths[b]:
+                    tokens[b].append(token)
+                    if dist is not None:
+                        probs[b].append(dist)
+            if step + 1 < depth:
+                embeds = self.embed(torch.tensor([[token] for token, _ in picks], device=self.device))
+                mask = batch.extend(torch.ones(len(requests), 1, dtype=torch.bool, device=self.device))
+                hidden = self.head(embeds, hidden, positions + step, batch, mask)
+        return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
 
     def _tree(self, hidden: torch.Tensor, cache: HeadCache, depth: int, num_nodes: int) -> DraftProposal:
         """EAGLE-2: expand the ``eagle_topk`` best nodes per depth, one head forward per depth, then
@@ -191,37 +211,76 @@ class Eagle3Resources(HiddenStateResources):
         """Draft-vocabulary log-probabilities for head output states ``[N, hidden]`` (float32)."""
         return F.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
-    def _catch_up(self, request: Request, state: HeadState) -> torch.Tensor:
-        """Run the pending true pairs through the head; returns its output at the last true pair,
-        ``[1, 1, hidden]``. The state changes only once the head's forward succeeded."""
-        start, count = state.cached, state.pairs - state.cached
-        if start + count != len(request.token_ids) - 1:
-            raise RuntimeError(
-                f"EAGLE-3 head state out of step: {start} cached + {count} pending pairs for {len(request.token_ids)} tokens"
-            )
-        state.cache.crop(start)
-        if not count:
-            return state.last
-        features = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
-        token_ids = request.token_ids[start + 1 : start + 1 + count]
-        embeds = self.embed(torch.tensor([token_ids], device=self.device))
-        positions = torch.arange(start, start + count, device=self.device)[None]
-        out = self.head(embeds, self.head.fuse(features[None]), positions, state.cache)
-        state.pending, state.cached, state.last = [], start + count, out[:, -1:].clone()
-        return state.last
+    def _catch_up(self, requests: list[Request]) -> torch.Tensor:
+        """Run each request's pending true pairs through the head; returns its outputs at the last
+        true pairs, ``[requests, 1, hidden]``. A request's state changes only once the head's
+        forward over its pairs succeeded.
 
-    def _choose(self, draft_logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
-        """Pick the target token for position ``len(request.token_ids) + offset`` from
-        draft-vocabulary logits; sampled picks return their distribution.
-
-        A greedy pick is the draft vocabulary's argmax, mapped to its target id. For a sampled
-        pick the draft logits are placed at their target ids (``-inf`` elsewhere) and shaped by
-        the request's own temperature / top-k / top-p, so ``q`` is zero outside the draft
-        vocabulary.
+        Requests a step or two behind (a steady drafting step leaves at most ``max_draft_len + 1``
+        pairs) catch up in one forward. One further behind (just added, or drafting was paused
+        for it) catches up alone: padding every other row to its length would multiply the work.
         """
-        if request.params.greedy:
-            return int(self.draft_ids[greedy_tokens(draft_logits)]), None
-        logits = draft_logits.float().new_full((self.vocab_size,), float("-inf"))
-        logits[self.draft_ids] = draft_logits.float()
-        dist = logits_to_probs(logits, request.params)
-        return request.sample(dist, offset), dist
+        states: list[HeadState] = [r.method_state for r in requests]
+        counts = []
+        for request, state in zip(requests, states):
+            start, count = state.cached, state.pairs - state.cached
+            if start + count != len(request.token_ids) - 1:
+                raise RuntimeError(
+                    f"EAGLE-3 head state out of step: {start} cached + {count} pending pairs for {len(request.token_ids)} tokens"
+                )
+            state.cache.crop(start)
+            counts.append(count)
+        steady = self.config.max_draft_len + 1
+        groups = [[b] for b, count in enumerate(counts) if count > steady]
+        together = [b for b, count in enumerate(counts) if 0 < count <= steady]
+        for group in [*groups, together] if together else groups:
+            self._forward_pending([requests[b] for b in group], [counts[b] for b in group])
+        return torch.cat([state.last for state in states])
+
+    def _forward_pending(self, requests: list[Request], counts: list[int]) -> None:
+        """One head forward over the pending pairs of ``requests`` (``counts[b]`` of them, each at
+        least one), padded to the most; each request's cache takes its own."""
+        states: list[HeadState] = [r.method_state for r in requests]
+        width = max(counts)
+        features = torch.zeros(len(requests), width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
+        token_ids = torch.zeros(len(requests), width, dtype=torch.long)
+        for b, (request, state, count) in enumerate(zip(requests, states, counts)):
+            features[b, :count] = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
+            token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
+        starts = torch.tensor([[state.cached] for state in states])
+        positions = (starts + torch.arange(width)[None]).to(self.device)
+        real = (torch.arange(width)[None] < torch.tensor(counts)[:, None]).to(self.device)
+        batch = RaggedDraftBatch([self._layers(state.cache) for state in states], width, self.device)
+        mask = batch.extend(real)
+        out = self.head(self.embed(token_ids.to(self.device)), self.head.fuse(features), positions, batch, mask)
+        for b, (state, count) in enumerate(zip(states, counts)):
+            for layer, (keys, values) in zip(self._layers(state.cache), batch.appended(b, count)):
+                layer.append(keys, values)
+            state.pending, state.cached, state.last = [], state.cached + count, out[b : b + 1, count - 1 : count].clone()
+
+    def _layers(self, cache: HeadCache) -> list[RequestKV]:
+        return [cache.layer(i) for i in range(self.head.config.num_layers)]
+
+    def _choose(
+        self, draft_logits: torch.Tensor, requests: list[Request], offset: int
+    ) -> list[tuple[int, torch.Tensor | None]]:
+        """Per request, pick the target token for position ``len(request.token_ids) + offset`` from
+        its row of draft-vocabulary logits ``[requests, draft_vocab]``; sampled picks return their
+        distribution.
+
+        A greedy pick is the draft vocabulary's argmax, mapped to its target id (one argmax for the
+        batch). For a sampled pick the draft logits are placed at their target ids (``-inf``
+        elsewhere) and shaped by the request's own temperature / top-k / top-p, so ``q`` is zero
+        outside the draft vocabulary.
+        """
+        greedy = self.draft_ids[greedy_tokens(draft_logits)].tolist()
+        picks: list[tuple[int, torch.Tensor | None]] = []
+        for request, row, token in zip(requests, draft_logits, greedy):
+            if request.params.greedy:
+                picks.append((token, None))
+                continue
+            logits = row.float().new_full((self.vocab_size,), float("-inf"))
+            logits[self.draft_ids] = row.float()
+            dist = logits_to_probs(logits, request.params)
+            picks.append((request.sample(dist, offset), dist))
+        return picks

@@ -230,10 +230,11 @@ class Eagle3Head(nn.Module):
         """One decoder-layer pass over ``[B, T]`` (embedding, feature) pairs; returns ``[B, T, hidden]``.
 
         ``hidden`` is ``fuse(target features)`` or the head's own previous output.
-        ``attention_mask`` (boolean ``[T, cached + T]``, True = attend) defaults to causal; a draft
-        tree passes its own.
+        ``attention_mask`` (boolean, True = attend, broadcastable to ``[B, heads, T, cached + T]``)
+        defaults to causal over ``cache`` (a :class:`HeadCache`); a draft tree and a
+        :class:`~specdec.kv_cache.RaggedDraftBatch` pass their own.
         """
-        if attention_mask is None:
+        if attention_mask is None and hidden.shape[1] > 1:
             cached = cache.length if cache is not None else 0
             attention_mask = causal_mask(hidden.shape[1], cached, hidden.device)
         position_embeddings = self.rotary_emb(hidden, position_ids)

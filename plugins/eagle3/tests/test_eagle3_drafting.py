@@ -46,10 +46,10 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], list[in
     records = []
     original = Eagle3Resources.propose
 
-    def propose(self, request):
-        proposal = original(self, request)
-        records.append((list(request.token_ids), list(proposal.token_ids), proposal.probs))
-        return proposal
+    def propose(self, requests):
+        drafted = original(self, requests)
+        records.extend((list(r.token_ids), list(p.token_ids), p.probs) for r, p in zip(requests, drafted))
+        return drafted
 
     monkeypatch.setattr(Eagle3Resources, "propose", propose)
     return records
@@ -77,18 +77,23 @@ def _drafts_from_scratch(manager: Eagle3Resources, model: torch.nn.Module, token
 def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, deep_fitted_dir, monkeypatch, num_layers) -> None:
     """After any number of accepted drafts, every proposal equals a cache-free recomputation with the
     true target features: the catch-up, the chained steps and the rollback keep the head in step,
-    with one decoder layer or two."""
+    with one decoder layer or two, for a request alone and for requests of different lengths
+    drafted together (padded into one batch, catching up on different numbers of pairs)."""
     fitted_dir = fitted_dir if num_layers == 1 else deep_fitted_dir
     records = _recording(monkeypatch)
     llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
                              "adaptive_draft_len": False}, tokenizer=target.tokenizer)
     plain = LLM(target.model, None, tokenizer=target.tokenizer)
     manager = llm.engine.resource_manager
-    for text in PROMPTS:
-        ids = target.encode(text)
-        got = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=24))[0]
-        assert got.token_ids == plain.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=24))[0].token_ids
+    prompts = [{"prompt_token_ids": target.encode(text)} for text in PROMPTS]
+    expected = [out.token_ids for out in plain.generate(prompts, SamplingParams(max_tokens=24))]
+    for prompt, want in zip(prompts, expected):
+        assert llm.generate(prompt, SamplingParams(max_tokens=24))[0].token_ids == want
+    rows = []
+    manager.head.register_forward_hook(lambda head, args, out: rows.append(out.shape[0]))
+    assert [out.token_ids for out in llm.generate(prompts, SamplingParams(max_tokens=24))] == expected
     assert llm.get_metrics().num_accepted_tokens > len(PROMPTS), "too few accepted drafts to test the catch-up"
+    assert max(rows) == len(PROMPTS), "the batch's requests were not drafted together"
     for tokens, drafts, probs in records:
         assert probs is None
         assert drafts == _drafts_from_scratch(manager, target.model, tokens, len(drafts))

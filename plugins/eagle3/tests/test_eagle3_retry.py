@@ -37,10 +37,10 @@ def run(target, head_dir: Path, options: dict, fail: str | None = None) -> tuple
     (request, tokens so far); and the drafting proposals after which a request's head cache did not
     hold exactly its true pairs, as (request, cached, true pairs).
 
-    ``fail`` names a method of :class:`Eagle3Resources` that raises once, in the batch's second
-    request at step ``FAILING_STEP``: ``commit`` before it queues anything, ``_choose`` and
-    ``_logprobs`` (a chain's and a tree's) at their second call, after the head's cache took the
-    request's pending pairs and a first draft step."""
+    ``fail`` names a method of :class:`Eagle3Resources` that raises once at step ``FAILING_STEP``:
+    ``commit`` in the batch's second request, before it queues anything; ``_choose`` and
+    ``_logprobs`` (a chain's and a tree's) at their second call of the batch's drafting call, after
+    every request's head cache took its pending pairs and a first draft step ran."""
     llm = LLM(target.model, {"method": "eagle3", "model": str(head_dir), "adaptive_draft_len": False, **options},
               tokenizer=target.tokenizer)
     manager: Eagle3Resources = llm.engine.resource_manager
@@ -48,20 +48,22 @@ def run(target, head_dir: Path, options: dict, fail: str | None = None) -> tuple
     out_of_step: list[tuple[int, int, int]] = []
     counts = {"propose": 0, "commit": 0, "inner": 0}
     propose, commit = manager.propose, manager.commit
-    failing_call = len(PROMPTS) * FAILING_STEP + 2  # counted from 1
+    # Counted from 1: one drafting call per step, one accept per request and step.
+    failing = {"propose": FAILING_STEP + 1, "commit": len(PROMPTS) * FAILING_STEP + 2}
 
-    def recording_propose(request):
+    def recording_propose(requests):
         counts["propose"] += 1
         counts["inner"] = 0
-        proposal = propose(request)
-        proposals[request.request_id, len(request.token_ids)] = list(proposal.token_ids)
-        if proposal.token_ids and request.method_state.cache.length != len(request.token_ids) - 1:
-            out_of_step.append((request.request_id, request.method_state.cache.length, len(request.token_ids) - 1))
-        return proposal
+        drafted = propose(requests)
+        for request, proposal in zip(requests, drafted):
+            proposals[request.request_id, len(request.token_ids)] = list(proposal.token_ids)
+            if proposal.token_ids and request.method_state.cache.length != len(request.token_ids) - 1:
+                out_of_step.append((request.request_id, request.method_state.cache.length, len(request.token_ids) - 1))
+        return drafted
 
     def failing_commit(request, result):
         counts["commit"] += 1
-        if fail == "commit" and counts["commit"] == failing_call:
+        if fail == "commit" and counts["commit"] == failing["commit"]:
             raise RuntimeError("injected failure")
         commit(request, result)
 
@@ -71,7 +73,7 @@ def run(target, head_dir: Path, options: dict, fail: str | None = None) -> tuple
 
         def failing_inner(*args):
             counts["inner"] += 1
-            if counts["propose"] == failing_call and counts["inner"] == 2:
+            if counts["propose"] == failing["propose"] and counts["inner"] == 2:
                 raise RuntimeError("injected failure")
             return inner(*args)
 
@@ -82,7 +84,8 @@ def run(target, head_dir: Path, options: dict, fail: str | None = None) -> tuple
     finally:
         llm.close()
     if fail is not None:
-        assert counts["propose" if fail != "commit" else "commit"] > failing_call, "the injected failure never happened"
+        counted = "commit" if fail == "commit" else "propose"
+        assert counts[counted] > failing[counted], "the injected failure never happened"
     return outputs, proposals, out_of_step
 
 

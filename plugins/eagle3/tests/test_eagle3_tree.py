@@ -58,12 +58,13 @@ def _recording(monkeypatch: pytest.MonkeyPatch) -> tuple[list, list]:
     latest = {}
     propose, commit = Eagle3Resources.propose, Eagle3Resources.commit
 
-    def recording_propose(self, request):
-        proposal = propose(self, request)
-        kind = "greedy" if request.params.greedy else "seeded" if request.noise is not None else "unseeded"
-        proposals.append((list(request.token_ids), kind, request.max_draft_len, proposal))
-        latest[request.request_id] = proposal
-        return proposal
+    def recording_propose(self, requests):
+        drafted = propose(self, requests)
+        for request, proposal in zip(requests, drafted):
+            kind = "greedy" if request.params.greedy else "seeded" if request.noise is not None else "unseeded"
+            proposals.append((list(request.token_ids), kind, request.max_draft_len, proposal))
+            latest[request.request_id] = proposal
+        return drafted
 
     def recording_commit(self, request, result):
         results.append((latest.pop(request.request_id, None), result))
