@@ -27,6 +27,7 @@ chains only.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,8 @@ class Eagle3Resources(HiddenStateResources):
         self.draft_ids = self.head.draft_to_target()
         self.vocab_size = target.vocab_size
         self.device = target.device
+        #: Seconds spent so far catching up requests further behind than a steady step leaves them.
+        self._setup_seconds = 0.0
 
     def features(self, hidden_states: tuple[torch.Tensor, ...], rows: int | None = None) -> torch.Tensor:
         """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""
@@ -113,6 +116,11 @@ class Eagle3Resources(HiddenStateResources):
 
     def add_request(self, request: Request) -> None:
         request.method_state = HeadState(pending=[self.features(request.target_output.hidden_states)])
+
+    def setup_seconds(self) -> float:
+        """Time spent taking in a new request's prompt, or the pairs of steps drafting was paused
+        for: the engine's policy charges it to resuming, not to each drafted token."""
+        return self._setup_seconds
 
     def release(self) -> None:
         self.head = self.embed = self.draft_ids = None
@@ -219,6 +227,7 @@ class Eagle3Resources(HiddenStateResources):
         Requests a step or two behind (a steady drafting step leaves at most ``max_draft_len + 1``
         pairs) catch up in one forward. One further behind (just added, or drafting was paused
         for it) catches up alone: padding every other row to its length would multiply the work.
+        That time is setup, not drafting (:meth:`setup_seconds`).
         """
         states: list[HeadState] = [r.method_state for r in requests]
         counts = []
@@ -231,10 +240,14 @@ class Eagle3Resources(HiddenStateResources):
             state.cache.crop(start)
             counts.append(count)
         steady = self.config.max_draft_len + 1
-        groups = [[b] for b, count in enumerate(counts) if count > steady]
+        for b, count in enumerate(counts):
+            if count > steady:
+                start = time.perf_counter()
+                self._forward_pending([requests[b]], [count])
+                self._setup_seconds += time.perf_counter() - start
         together = [b for b, count in enumerate(counts) if 0 < count <= steady]
-        for group in [*groups, together] if together else groups:
-            self._forward_pending([requests[b] for b in group], [counts[b] for b in group])
+        if together:
+            self._forward_pending([requests[b] for b in together], [counts[b] for b in together])
         return torch.cat([state.last for state in states])
 
     def _forward_pending(self, requests: list[Request], counts: list[int]) -> None:

@@ -173,3 +173,24 @@ def test_head_for_another_target(tmp_path) -> None:
     path = save_head(Eagle3Head(config), tmp_path / "vocab")
     with pytest.raises(SpecdecError, match="vocab_size 50 differs from the target's 36 tokens"):
         LLM(wide.model, {"method": "eagle3", "model": str(path)}, tokenizer=wide.tokenizer)
+
+
+def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(target, fitted_dir) -> None:
+    """The head's pass over a new request's prompt is reported as setup (the policy charges it
+    to resuming, not to each drafted token); a steady drafting step adds none; a request joining
+    the running batch adds its own."""
+    llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
+                             "adaptive_draft_len": False}, tokenizer=target.tokenizer)
+    engine, manager = llm.engine, llm.engine.resource_manager
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    engine.add_request(target.encode(PROMPTS[0]), params)
+    engine.step()
+    first = manager.setup_seconds()
+    assert first > 0
+    for _ in range(3):
+        engine.step()
+    assert manager.setup_seconds() == first
+    engine.add_request(target.encode(PROMPTS[1]), params)
+    engine.step()
+    assert manager.setup_seconds() > first
+    llm.close()
