@@ -348,15 +348,16 @@ class RequestKV:
 
 class RaggedDraftBatch:
     """Several requests' drafter caches side by side, so a drafter runs one forward for the batch
-    rather than one per request (a draft head's step is a few small matmuls: at batch 8, eight of
-    them cost several times one forward over eight rows).
+    rather than one per request (a draft head's step is a few small matmuls, whose cost barely
+    grows with the rows they multiply).
 
-    ``rows[b]`` is request ``b``'s :class:`RequestKV` of every layer. Each layer's cached keys and
-    values are copied into a padded buffer when the layer first appends: row ``b`` holds its own
-    ``lengths[b]`` positions, then padding up to the longest, then room for ``room`` new positions
-    written for every row at once. :meth:`extend` says which new positions are real per row and
-    returns the mask a forward over them attends with. Nothing reaches a request's own cache
-    unless the drafter appends :meth:`appended` to it, so positions drafted here need no rollback.
+    ``rows[b]`` is request ``b``'s :class:`RequestKV` of every layer, each holding
+    ``[1, heads, length, dim]``. Each layer's cached keys and values are copied into a padded
+    buffer when the layer first appends: row ``b`` holds its own ``lengths[b]`` positions, then
+    padding up to the longest, then room for ``room`` new positions written for every row at once.
+    :meth:`extend` says which new positions are real per row and returns the mask a forward over
+    them attends with. Nothing reaches a request's own cache unless the drafter appends
+    :meth:`appended` to it, so positions drafted here need no rollback.
     """
 
     def __init__(self, rows: list[list[RequestKV]], room: int, device: torch.device) -> None:
@@ -364,8 +365,9 @@ class RaggedDraftBatch:
         self.device = device
         self.end = max(self.lengths)
         self.capacity = self.end + room
-        #: ``[rows, end]``: the positions each row may attend to.
-        self.valid = torch.arange(self.end, device=device)[None, :] < torch.tensor(self.lengths, device=device)[:, None]
+        #: ``[rows, end]``, on the CPU (masks are built there, without waiting for the device):
+        #: the positions each row may attend to.
+        self.valid = torch.arange(self.end)[None, :] < torch.tensor(self.lengths)[:, None]
         self._layers = [_RaggedLayer(self, [layers[i] for layers in rows]) for i in range(len(rows[0]))]
         self._start = self.end
 
@@ -373,21 +375,20 @@ class RaggedDraftBatch:
         return self._layers[index]
 
     def extend(self, real: torch.Tensor) -> torch.Tensor | None:
-        """Take ``real.shape[1]`` new positions per row, ``real[b, i]`` telling whether row ``b``'s
-        ``i``-th is a real one (later positions never attend to padding).
+        """Take ``real.shape[1]`` new positions per row, ``real[b, i]`` (a CPU tensor) telling
+        whether row ``b``'s ``i``-th is a real one (later positions never attend to padding).
 
-        Returns the boolean mask ``[rows, 1, new, end]`` for a forward over the new positions: each
-        attends to its row's real positions before it and to itself; ``None`` when that is
-        everything (one new position per row, no padding anywhere).
+        Returns the boolean mask ``[rows, 1, new, end]``, on the device, for a forward over the new
+        positions: each attends to its row's real positions before it and to itself; ``None`` when
+        that is everything (one new position per row, no padding anywhere).
         """
         width = real.shape[1]
         if self.end + width > self.capacity:
             raise ValueError(f"{self.end + width} positions exceed the {self.capacity} this batch has room for")
         mask = None
         if width > 1 or not bool(self.valid.all()):
-            causal = torch.ones(width, width, dtype=torch.bool, device=self.device).tril()
-            own = causal[None] & real[:, None, :] | torch.eye(width, dtype=torch.bool, device=self.device)
-            mask = torch.cat((self.valid[:, None, :].expand(-1, width, -1), own), dim=-1)[:, None]
+            own = torch.ones(width, width, dtype=torch.bool).tril()[None] & real[:, None, :] | torch.eye(width, dtype=torch.bool)
+            mask = torch.cat((self.valid[:, None, :].expand(-1, width, -1), own), dim=-1)[:, None].to(self.device)
         self.valid = torch.cat((self.valid, real), dim=1)
         self._start, self.end = self.end, self.end + width
         return mask

@@ -183,7 +183,7 @@ class Eagle3Resources(HiddenStateResources):
                         probs[b].append(dist)
             if step + 1 < depth:
                 embeds = self.embed(torch.tensor([[token] for token, _ in picks], device=self.device))
-                mask = batch.extend(torch.ones(len(requests), 1, dtype=torch.bool, device=self.device))
+                mask = batch.extend(torch.ones(len(requests), 1, dtype=torch.bool))
                 hidden = self.head(embeds, hidden, positions + step, batch, mask)
         return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
 
@@ -262,7 +262,7 @@ class Eagle3Resources(HiddenStateResources):
             token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
         starts = torch.tensor([[state.cached] for state in states])
         positions = (starts + torch.arange(width)[None]).to(self.device)
-        real = (torch.arange(width)[None] < torch.tensor(counts)[:, None]).to(self.device)
+        real = torch.arange(width)[None] < torch.tensor(counts)[:, None]
         batch = RaggedDraftBatch([self._layers(state.cache) for state in states], width, self.device)
         mask = batch.extend(real)
         out = self.head(self.embed(token_ids.to(self.device)), self.head.fuse(features), positions, batch, mask)
