@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +121,8 @@ class MTPResources(HiddenStateResources):
         self.target_embed = target.model.get_input_embeddings()
         self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device
+        #: Seconds spent so far on depths' catch-ups longer than a steady step's (:meth:`setup_seconds`).
+        self._setup_seconds = 0.0
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
         self.thinking: tuple[int, int] | None = None
         if not config.lossless:
@@ -140,6 +143,11 @@ class MTPResources(HiddenStateResources):
         depths = [Depth() for _ in range(self.config.max_draft_len)]
         thinking = ThinkingSpan(*self.thinking) if self.thinking else None
         request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]], thinking=thinking)
+
+    def setup_seconds(self) -> float:
+        """Time spent taking in a new request's prompt, or the positions of steps drafting was
+        paused for: the engine's policy charges it to resuming, not to each drafted token."""
+        return self._setup_seconds
 
     def release(self) -> None:
         self.layers = self.target_embed = self.rotary = None
@@ -168,7 +176,11 @@ class MTPResources(HiddenStateResources):
         for k in range(1, length + 1):
             depth = state.depths[k - 1]
             start = depth.cache.length
+            began = time.perf_counter()
             out = self._run(k, tokens[start + k : known - 1 + k], previous[start - previous_start :], start, depth.cache)
+            # A steady step leaves depth k at most max_draft_len + k positions behind.
+            if known - 1 - start > self.config.max_draft_len + k:
+                self._setup_seconds += time.perf_counter() - began
             token, dist = self._choose(self.layer(k).logits(out[-1]), request, k - 1)
             tokens.append(token)
             drafts.append(token)

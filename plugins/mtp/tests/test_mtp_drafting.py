@@ -60,3 +60,24 @@ def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.Monk
     assert any(len(b) - len(a) >= 2 for a, b in steps), "no step accepted a draft"
     for token_ids, drafts in seen:
         assert drafts == reference_drafts(model, layers, token_ids, len(drafts)), token_ids
+
+
+def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(saved) -> None:
+    """The depths' pass over a new request's prompt is reported as setup (the policy charges it to
+    resuming, not to each drafted token); a steady drafting step adds none; a request joining the
+    running batch adds its own."""
+    model, _, tokenizer = saved
+    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
+    engine, manager = llm.engine, llm.engine.resource_manager
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    engine.add_request([5, 9, 13, 22, 5, 9, 13, 22, 5, 9], params)
+    engine.step()
+    first = manager.setup_seconds()
+    assert first > 0
+    for _ in range(3):
+        engine.step()
+    assert manager.setup_seconds() == first
+    engine.add_request([7, 8, 9, 10, 11, 12, 13, 14, 15], params)
+    engine.step()
+    assert manager.setup_seconds() > first
+    llm.close()
