@@ -170,7 +170,7 @@ class Eagle3Resources(HiddenStateResources):
         lengths = [min(self.config.max_draft_len, r.max_draft_len) for r in requests]
         depth = max(lengths)
         caches = [r.method_state.cache for r in requests]
-        batch = RaggedDraftBatch([self._layers(c) for c in caches], depth - 1, self.device)
+        batch = RaggedDraftBatch([self._layer_caches(c) for c in caches], depth - 1, self.device)
         positions = torch.tensor([[c.length] for c in caches], device=self.device)
         tokens: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -263,15 +263,15 @@ class Eagle3Resources(HiddenStateResources):
         starts = torch.tensor([[state.cached] for state in states])
         positions = (starts + torch.arange(width)[None]).to(self.device)
         real = torch.arange(width)[None] < torch.tensor(counts)[:, None]
-        batch = RaggedDraftBatch([self._layers(state.cache) for state in states], width, self.device)
+        batch = RaggedDraftBatch([self._layer_caches(state.cache) for state in states], width, self.device)
         mask = batch.extend(real)
         out = self.head(self.embed(token_ids.to(self.device)), self.head.fuse(features), positions, batch, mask)
         for b, (state, count) in enumerate(zip(states, counts)):
-            for layer, (keys, values) in zip(self._layers(state.cache), batch.appended(b, count)):
+            for layer, (keys, values) in zip(self._layer_caches(state.cache), batch.appended(b, count)):
                 layer.append(keys, values)
             state.pending, state.cached, state.last = [], state.cached + count, out[b : b + 1, count - 1 : count].clone()
 
-    def _layers(self, cache: HeadCache) -> list[RequestKV]:
+    def _layer_caches(self, cache: HeadCache) -> list[RequestKV]:
         return [cache.layer(i) for i in range(self.head.config.num_layers)]
 
     def _choose(
