@@ -87,6 +87,26 @@ def fixed_draft_len(config: SpeculativeConfig | dict[str, Any]) -> SpeculativeCo
     return config.model_copy(update={"adaptive_draft_len": False})
 
 
+def setup_seconds_by_phase(llm: LLM, first: list[int], second: list[int], steady_steps: int = 3) -> list[float]:
+    """The method's ``setup_seconds`` after each phase of a run on ``llm``'s engine: request
+    ``first`` joins and takes one step, then ``steady_steps`` steps, then request ``second`` joins
+    the running batch and one step runs. A method whose catch-ups are setup reports a rise after
+    the first and third phases and none after the steady one."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=steady_steps + 8, ignore_eos=True)
+    readings = []
+    engine.add_request(first, params)
+    engine.step()
+    readings.append(engine.resource_manager.setup_seconds())
+    for _ in range(steady_steps):
+        engine.step()
+    readings.append(engine.resource_manager.setup_seconds())
+    engine.add_request(second, params)
+    engine.step()
+    readings.append(engine.resource_manager.setup_seconds())
+    return readings
+
+
 class MethodConformance:
     """Base class of a method's conformance tests. Subclasses implement :meth:`make_config`."""
 

@@ -13,6 +13,7 @@ from specdec import LLM, SamplingParams
 from specdec.errors import SpecdecError
 from specdec.prepacked_linear import PrepackedLinear
 from specdec.testing import make_tiny_target, needs_prepacked_linears
+from specdec.testing.conformance import setup_seconds_by_phase
 from specdec_eagle3 import Eagle3Head, save_head
 from specdec_eagle3.drafter import Eagle3Resources
 
@@ -181,16 +182,6 @@ def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(target, fitted_dir
     the running batch adds its own."""
     llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
                              "adaptive_draft_len": False}, tokenizer=target.tokenizer)
-    engine, manager = llm.engine, llm.engine.resource_manager
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    engine.add_request(target.encode(PROMPTS[0]), params)
-    engine.step()
-    first = manager.setup_seconds()
-    assert first > 0
-    for _ in range(3):
-        engine.step()
-    assert manager.setup_seconds() == first
-    engine.add_request(target.encode(PROMPTS[1]), params)
-    engine.step()
-    assert manager.setup_seconds() > first
+    joined, steady, second = setup_seconds_by_phase(llm, target.encode(PROMPTS[0]), target.encode(PROMPTS[1]))
     llm.close()
+    assert 0 < joined == steady < second

@@ -14,7 +14,7 @@ from mtp_tiny import load_target, run_layer, saved_target
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
 from specdec import LLM, SamplingParams
-from specdec.testing.conformance import fixed_draft_len
+from specdec.testing.conformance import fixed_draft_len, setup_seconds_by_phase
 from specdec_mtp import MTPLayer, load_mtp_layers
 from specdec_mtp.drafter import MTPResources
 
@@ -68,16 +68,6 @@ def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(saved) -> None:
     running batch adds its own."""
     model, _, tokenizer = saved
     llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
-    engine, manager = llm.engine, llm.engine.resource_manager
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
-    engine.add_request([5, 9, 13, 22, 5, 9, 13, 22, 5, 9], params)
-    engine.step()
-    first = manager.setup_seconds()
-    assert first > 0
-    for _ in range(3):
-        engine.step()
-    assert manager.setup_seconds() == first
-    engine.add_request([7, 8, 9, 10, 11, 12, 13, 14, 15], params)
-    engine.step()
-    assert manager.setup_seconds() > first
+    joined, steady, second = setup_seconds_by_phase(llm, [5, 9, 13, 22, 5, 9, 13, 22, 5, 9], [7, 8, 9, 10, 11, 12, 13, 14, 15])
     llm.close()
+    assert 0 < joined == steady < second
