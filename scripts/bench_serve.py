@@ -3,12 +3,17 @@
 For each server (plain decoding, n-gram, EAGLE-3 by default) it starts `specdec serve` on a free
 port, runs `aiperf profile` against its streaming chat endpoint at each concurrency with
 Spec-Bench first turns (n-gram: summarization and rag; EAGLE-3: mt_bench's eight categories;
-plain: both sets, as the baseline of each), then stops the server with SIGTERM. aiperf lives
-in its own virtual environment (`.venv-aiperf`, made on first use): it pins its own transformers.
+plain: both sets, as the baseline of each), then stops the server with SIGTERM. It does so in
+`--rounds` rounds, the servers' order rotating from round to round, so that a machine that
+speeds up or slows down during the run does not favour one server; each speculative server is
+compared with the plain server of the same round, and the table gives the means over rounds
+with every round's ratio. aiperf lives in its own virtual environment (`.venv-aiperf`, made on
+first use): it pins its own transformers.
 
     .venv/bin/python scripts/bench_serve.py --out bench-results/serve
 
-Writes `serve.json` (every aiperf summary), a table on the terminal and `serve.png`. With
+Writes `serve.json` (every aiperf summary and the means), a table on the terminal and
+`serve.png`. With
 `--offline`, each speculative server is also compared with the same method decoding in-process
 (as `specdec bench` times it), prompt by prompt in turn, the server sent one streamed request at
 a time by a light client, so that both run on the same machine state and without a client
@@ -48,6 +53,8 @@ SERVERS = {
     "ngram": (["--method", "ngram"], ("sum_rag",)),
     "eagle3": (["--method", "eagle3"], ("mt_bench",)),
 }
+#: aiperf's request rate cap (requests/s), far above what the server completes: see `_profile`.
+POLL_RATE = 50
 console = Console()
 
 
@@ -57,6 +64,7 @@ def main() -> None:
     parser.add_argument("--servers", default="plain,ngram,eagle3", help=f"comma list of {', '.join(SERVERS)}")
     parser.add_argument("--concurrency", default="1,8")
     parser.add_argument("--requests", type=int, default=16, help="requests per run (at least 4 per client)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, each running every server once, the order rotating")
     parser.add_argument("--warmup", type=int, default=2, help="warm-up requests per run, not counted")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--max-batch-size", type=int, default=8)
@@ -78,24 +86,30 @@ def main() -> None:
     results: list[dict] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("starting", total=len(runs))
+        task = progress.add_task("starting", total=len(runs) * args.rounds)
         offline: dict[str, dict] = {}
-        for server in servers:
-            with _Server(server, SERVERS[server][0], args) as port:
-                for prompts, concurrency in [(p, c) for s, p, c in runs if s == server]:
-                    progress.update(task, description=f"{server} on {prompts}, concurrency {concurrency}")
-                    out = args.out / f"{server}-{prompts}-c{concurrency}"
-                    summary = _profile(aiperf, port, tokenizer, args.out / f"{prompts}.jsonl", concurrency, out, args)
-                    results.append({"server": server, "prompts": prompts, "concurrency": concurrency, **summary})
-                    progress.advance(task)
-                if args.offline and server != "plain":
-                    for prompts in SERVERS[server][1]:
-                        progress.update(task, description=f"{server} on {prompts}: served against in-process")
-                        offline[f"{server}/{prompts}"] = _served_vs_offline(server, port, args.out / f"{prompts}.jsonl", args)
-    payload = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": results, "offline": offline}
+        order = list(servers)
+        for round_ in range(args.rounds):
+            for server in order:
+                with _Server(f"{server}-r{round_}", SERVERS[server][0], args) as port:
+                    for prompts, concurrency in [(p, c) for s, p, c in runs if s == server]:
+                        progress.update(task, description=f"round {round_ + 1}: {server} on {prompts}, concurrency {concurrency}")
+                        out = args.out / f"r{round_}" / f"{server}-{prompts}-c{concurrency}"
+                        summary = _profile(aiperf, port, tokenizer, args.out / f"{prompts}.jsonl", concurrency, out, args)
+                        results.append({"round": round_, "server": server, "prompts": prompts,
+                                        "concurrency": concurrency, **summary})
+                        progress.advance(task)
+                    if args.offline and server != "plain" and round_ == args.rounds - 1:
+                        for prompts in SERVERS[server][1]:
+                            progress.update(task, description=f"{server} on {prompts}: served against in-process")
+                            offline[f"{server}/{prompts}"] = _served_vs_offline(server, port, args.out / f"{prompts}.jsonl", args)
+            order = order[1:] + order[:1]
+    means = _means(results)
+    payload = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "runs": results,
+               "means": means, "offline": offline}
     (args.out / "serve.json").write_text(json.dumps(payload, indent=2))
-    console.print(_table(results, offline))
-    _plot(results, args.out / "serve.png")
+    console.print(_table(means, offline))
+    _plot(means, results, args.out / "serve.png")
     console.print(f"wrote {args.out / 'serve.json'} and {args.out / 'serve.png'}")
 
 
@@ -163,6 +177,10 @@ def _profile(aiperf: Path, port: int, tokenizer: str, prompts: Path, concurrency
            "--input-file", str(prompts), "--custom-dataset-type", "single_turn",
            "--dataset-sampling-strategy", "sequential", "--concurrency", str(concurrency),
            "--request-count", str(count), "--warmup-request-count", str(args.warmup),
+           # Without a rate, aiperf's timing manager polls for a free slot without sleeping and
+           # takes a whole core from the server; a constant 50 requests/s cap makes it sleep
+           # 20 ms between polls, and concurrency still bounds the requests in flight.
+           "--request-rate", str(POLL_RATE), "--arrival-pattern", "constant",
            "--extra-inputs", json.dumps({"max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0}),
            "--use-server-token-count", "--no-server-metrics", "--no-gpu-telemetry",
            "--artifact-dir", str(out), "--ui", "none"]
@@ -241,19 +259,54 @@ def _machine() -> dict:
             "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
 
 
-def _table(results: list[dict], offline: dict) -> Table:
-    table = Table(title="specdec serve under aiperf (streaming chat, greedy, ignore_eos)",
-                  caption="*: one request at a time from a light client, in turn with in-process decoding (--offline)")
+#: aiperf's figures that are averaged over rounds.
+METRICS = ("requests", "ttft_ms", "itl_ms", "request_latency_ms", "output_tokens_per_second",
+           "output_tokens_per_second_per_user", "output_sequence_length", "error_rate")
+
+
+def _means(results: list[dict]) -> list[dict]:
+    """Each server, prompt set and concurrency's figures averaged over the rounds, with each
+    round's ratios to the plain server of the same round (``itl_gains``, ``throughput_ratios``)
+    and the ratios of the means (``itl_gain``, ``throughput_ratio``)."""
+    keys = list(dict.fromkeys((r["server"], r["prompts"], r["concurrency"]) for r in results))
+    plain = {(r["round"], r["prompts"], r["concurrency"]): r for r in results if r["server"] == "plain"}
+    means = []
+    for server, prompts, concurrency in keys:
+        rows = [r for r in results if (r["server"], r["prompts"], r["concurrency"]) == (server, prompts, concurrency)]
+        mean = {"server": server, "prompts": prompts, "concurrency": concurrency, "rounds": len(rows)}
+        for key in METRICS:
+            values = [r[key] for r in rows if r[key] is not None]
+            mean[key] = sum(values) / len(values) if values else None
+        pairs = [(r, plain.get((r["round"], prompts, concurrency))) for r in rows]
+        pairs = [(r, p) for r, p in pairs if p is not None and server != "plain"]
+        mean["itl_gains"] = [p["itl_ms"] / r["itl_ms"] for r, p in pairs if r["itl_ms"] and p["itl_ms"]]
+        mean["throughput_ratios"] = [r["output_tokens_per_second"] / p["output_tokens_per_second"]
+                                     for r, p in pairs if p["output_tokens_per_second"]]
+        base = next((m for m in means if (m["server"], m["prompts"], m["concurrency"]) == ("plain", prompts, concurrency)), None)
+        mean["itl_gain"] = base["itl_ms"] / mean["itl_ms"] if base and mean["itl_gains"] else None
+        mean["throughput_ratio"] = (mean["output_tokens_per_second"] / base["output_tokens_per_second"]
+                                    if base and mean["throughput_ratios"] else None)
+        means.append(mean)
+    return means
+
+
+def _ratios(mean: float | None, each: list[float]) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.2f}x" + (f" ({', '.join(f'{x:.2f}' for x in each)})" if len(each) > 1 else "")
+
+
+def _table(means: list[dict], offline: dict) -> Table:
+    rounds = max((m["rounds"] for m in means), default=1)
+    table = Table(title=f"specdec serve under aiperf (streaming chat, greedy, ignore_eos; means of {rounds} rounds)",
+                  caption="ratios to the plain server: of the means (of each round's pair)\n"
+                          "*: one request at a time from a light client, in turn with in-process decoding (--offline)")
     for col in ("server", "prompts", "conc.", "TTFT ms", "ITL ms", "ITL gain", "out tok/s", "vs plain", "errors %"):
         table.add_column(col, justify="left" if col in ("server", "prompts") else "right")
-    plain = {(r["prompts"], r["concurrency"]): r for r in results if r["server"] == "plain"}
-    for r in results:
-        base = plain.get((r["prompts"], r["concurrency"]))
-        itl_gain = base["itl_ms"] / r["itl_ms"] if base and r["itl_ms"] else None
-        tput = r["output_tokens_per_second"] / base["output_tokens_per_second"] if base and base["output_tokens_per_second"] else None
-        table.add_row(r["server"], r["prompts"], str(r["concurrency"]), f"{r['ttft_ms']:.0f}", f"{r['itl_ms']:.1f}",
-                      f"{itl_gain:.2f}x" if itl_gain else "-", f"{r['output_tokens_per_second']:.1f}",
-                      f"{tput:.2f}x" if tput else "-", f"{r['error_rate'] or 0:.0f}")
+    for m in means:
+        table.add_row(m["server"], m["prompts"], str(m["concurrency"]), f"{m['ttft_ms']:.0f}", f"{m['itl_ms']:.1f}",
+                      _ratios(m["itl_gain"], m["itl_gains"]), f"{m['output_tokens_per_second']:.1f}",
+                      _ratios(m["throughput_ratio"], m["throughput_ratios"]), f"{m['error_rate'] or 0:.0f}")
     for key, o in offline.items():
         server, prompts = key.split("/")
         table.add_row(f"{server} in-process", prompts, "1*", "-", "-", "-", f"{o['offline_tokens_per_second']:.1f}", "-", "-")
@@ -262,16 +315,21 @@ def _table(results: list[dict], offline: dict) -> Table:
     return table
 
 
-def _plot(results: list[dict], path: Path) -> None:
-    labels = [f"{r['server']}\n{r['prompts']}\nc{r['concurrency']}" for r in results]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, len(results) * 1.1), 4.5))
+def _plot(means: list[dict], results: list[dict], path: Path) -> None:
+    """Bars: the means over rounds; dots: each round."""
+    labels = [f"{m['server']}\n{m['prompts']}\nc{m['concurrency']}" for m in means]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, len(means) * 1.1), 4.5))
     for ax, key, title in ((axes[0], "itl_ms", "inter-token latency (ms, lower is better)"),
                            (axes[1], "output_tokens_per_second", "output tokens/s (higher is better)")):
-        ax.bar(range(len(results)), [r[key] or 0 for r in results],
-               color=["#888" if r["server"] == "plain" else "#2a7" for r in results])
-        ax.set_xticks(range(len(results)), labels, fontsize=7)
+        ax.bar(range(len(means)), [m[key] or 0 for m in means],
+               color=["#888" if m["server"] == "plain" else "#2a7" for m in means])
+        for x, m in enumerate(means):
+            rounds = [r[key] for r in results if (r["server"], r["prompts"], r["concurrency"]) ==
+                      (m["server"], m["prompts"], m["concurrency"]) and r[key] is not None]
+            ax.plot([x] * len(rounds), rounds, "k.", markersize=4)
+        ax.set_xticks(range(len(means)), labels, fontsize=7)
         ax.set_title(title, fontsize=10)
-    fig.suptitle("specdec serve, aiperf streaming chat")
+    fig.suptitle("specdec serve, aiperf streaming chat (bars: mean over rounds; dots: each round)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
