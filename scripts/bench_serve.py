@@ -13,11 +13,10 @@ first use): it pins its own transformers.
     .venv/bin/python scripts/bench_serve.py --out bench-results/serve
 
 Writes `serve.json` (every aiperf summary and the means), a table on the terminal and
-`serve.png`. With
-`--offline`, each speculative server is also compared with the same method decoding in-process
-(as `specdec bench` times it), prompt by prompt in turn, the server sent one streamed request at
-a time by a light client, so that both run on the same machine state and without a client
-competing for the CPU.
+`serve.png`. With `--offline`, each speculative server is also compared in the last round with
+the same method decoding in-process (as `specdec bench` times it), prompt by prompt in turn, the
+server sent one streamed request at a time by a light client, so that both run on the same
+machine state and without a client competing for the CPU.
 """
 
 from __future__ import annotations
@@ -269,25 +268,26 @@ def _means(results: list[dict]) -> list[dict]:
     round's ratios to the plain server of the same round (``itl_gains``, ``throughput_ratios``)
     and the ratios of the means (``itl_gain``, ``throughput_ratio``)."""
     keys = list(dict.fromkeys((r["server"], r["prompts"], r["concurrency"]) for r in results))
+    means = {}
+    for key in keys:
+        rows = [r for r in results if (r["server"], r["prompts"], r["concurrency"]) == key]
+        means[key] = {"server": key[0], "prompts": key[1], "concurrency": key[2], "rounds": len(rows)}
+        for metric in METRICS:
+            values = [r[metric] for r in rows if r[metric] is not None]
+            means[key][metric] = sum(values) / len(values) if values else None
     plain = {(r["round"], r["prompts"], r["concurrency"]): r for r in results if r["server"] == "plain"}
-    means = []
-    for server, prompts, concurrency in keys:
-        rows = [r for r in results if (r["server"], r["prompts"], r["concurrency"]) == (server, prompts, concurrency)]
-        mean = {"server": server, "prompts": prompts, "concurrency": concurrency, "rounds": len(rows)}
-        for key in METRICS:
-            values = [r[key] for r in rows if r[key] is not None]
-            mean[key] = sum(values) / len(values) if values else None
-        pairs = [(r, plain.get((r["round"], prompts, concurrency))) for r in rows]
-        pairs = [(r, p) for r, p in pairs if p is not None and server != "plain"]
+    for (server, prompts, concurrency), mean in means.items():
+        base = means.get(("plain", prompts, concurrency))
+        pairs = [(r, plain[r["round"], prompts, concurrency]) for r in results
+                 if (r["server"], r["prompts"], r["concurrency"]) == (server, prompts, concurrency)
+                 and server != "plain" and (r["round"], prompts, concurrency) in plain]
         mean["itl_gains"] = [p["itl_ms"] / r["itl_ms"] for r, p in pairs if r["itl_ms"] and p["itl_ms"]]
         mean["throughput_ratios"] = [r["output_tokens_per_second"] / p["output_tokens_per_second"]
                                      for r, p in pairs if p["output_tokens_per_second"]]
-        base = next((m for m in means if (m["server"], m["prompts"], m["concurrency"]) == ("plain", prompts, concurrency)), None)
-        mean["itl_gain"] = base["itl_ms"] / mean["itl_ms"] if base and mean["itl_gains"] else None
+        mean["itl_gain"] = base["itl_ms"] / mean["itl_ms"] if pairs and mean["itl_ms"] else None
         mean["throughput_ratio"] = (mean["output_tokens_per_second"] / base["output_tokens_per_second"]
-                                    if base and mean["throughput_ratios"] else None)
-        means.append(mean)
-    return means
+                                    if pairs and base["output_tokens_per_second"] else None)
+    return list(means.values())
 
 
 def _ratios(mean: float | None, each: list[float]) -> str:
