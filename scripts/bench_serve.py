@@ -263,24 +263,31 @@ METRICS = ("requests", "ttft_ms", "itl_ms", "request_latency_ms", "output_tokens
            "output_tokens_per_second_per_user", "output_sequence_length", "error_rate")
 
 
+def _by_run(results: list[dict]) -> dict[tuple, list[dict]]:
+    """Each round's result, grouped by (server, prompt set, concurrency), in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["server"], r["prompts"], r["concurrency"]), []).append(r)
+    return groups
+
+
 def _means(results: list[dict]) -> list[dict]:
     """Each server, prompt set and concurrency's figures averaged over the rounds, with each
     round's ratios to the plain server of the same round (``itl_gains``, ``throughput_ratios``)
     and the ratios of the means (``itl_gain``, ``throughput_ratio``)."""
-    keys = list(dict.fromkeys((r["server"], r["prompts"], r["concurrency"]) for r in results))
+    groups = _by_run(results)
     means = {}
-    for key in keys:
-        rows = [r for r in results if (r["server"], r["prompts"], r["concurrency"]) == key]
-        means[key] = {"server": key[0], "prompts": key[1], "concurrency": key[2], "rounds": len(rows)}
+    for (server, prompts, concurrency), rows in groups.items():
+        mean = means[server, prompts, concurrency] = {
+            "server": server, "prompts": prompts, "concurrency": concurrency, "rounds": len(rows)}
         for metric in METRICS:
             values = [r[metric] for r in rows if r[metric] is not None]
-            means[key][metric] = sum(values) / len(values) if values else None
-    plain = {(r["round"], r["prompts"], r["concurrency"]): r for r in results if r["server"] == "plain"}
+            mean[metric] = sum(values) / len(values) if values else None
     for (server, prompts, concurrency), mean in means.items():
+        plain = {r["round"]: r for r in groups.get(("plain", prompts, concurrency), [])}
+        pairs = [] if server == "plain" else [
+            (r, plain[r["round"]]) for r in groups[server, prompts, concurrency] if r["round"] in plain]
         base = means.get(("plain", prompts, concurrency))
-        pairs = [(r, plain[r["round"], prompts, concurrency]) for r in results
-                 if (r["server"], r["prompts"], r["concurrency"]) == (server, prompts, concurrency)
-                 and server != "plain" and (r["round"], prompts, concurrency) in plain]
         mean["itl_gains"] = [p["itl_ms"] / r["itl_ms"] for r, p in pairs if r["itl_ms"] and p["itl_ms"]]
         mean["throughput_ratios"] = [r["output_tokens_per_second"] / p["output_tokens_per_second"]
                                      for r, p in pairs if p["output_tokens_per_second"]]
@@ -316,16 +323,16 @@ def _table(means: list[dict], offline: dict) -> Table:
 
 
 def _plot(means: list[dict], results: list[dict], path: Path) -> None:
-    """Bars: the means over rounds; dots: each round."""
+    """Bars: the means over rounds; dots: each round (``means`` is in :func:`_by_run`'s order)."""
+    groups = _by_run(results)
     labels = [f"{m['server']}\n{m['prompts']}\nc{m['concurrency']}" for m in means]
     fig, axes = plt.subplots(1, 2, figsize=(max(8, len(means) * 1.1), 4.5))
     for ax, key, title in ((axes[0], "itl_ms", "inter-token latency (ms, lower is better)"),
                            (axes[1], "output_tokens_per_second", "output tokens/s (higher is better)")):
         ax.bar(range(len(means)), [m[key] or 0 for m in means],
                color=["#888" if m["server"] == "plain" else "#2a7" for m in means])
-        for x, m in enumerate(means):
-            rounds = [r[key] for r in results if (r["server"], r["prompts"], r["concurrency"]) ==
-                      (m["server"], m["prompts"], m["concurrency"]) and r[key] is not None]
+        for x, rows in enumerate(groups.values()):
+            rounds = [r[key] for r in rows if r[key] is not None]
             ax.plot([x] * len(rounds), rounds, "k.", markersize=4)
         ax.set_xticks(range(len(means)), labels, fontsize=7)
         ax.set_title(title, fontsize=10)
