@@ -157,6 +157,10 @@ def test_bench_writes_summary_json_and_plot(tiny_dir: Path, tmp_path: Path) -> N
     low, high = summary["b"]["speedup_ci95"]
     assert summary["b"]["num_timed_runs"] == 4 and low <= summary["b"]["speedup"] <= high
     assert out.with_suffix(".png").stat().st_size > 0
+    # Where the step's time goes: forward costs by width, per-step parts, their own plot.
+    costs = json.loads(out.read_text())["costs"]
+    assert set(costs["steps"]) == {"a", "b", "overall"} and len(costs["forward_cost"]["relative"][0]) == 5
+    assert "where a step's time goes" in result.stdout and (tmp_path / "bench-costs.png").stat().st_size > 0
 
 
 def test_bench_batch_size_compares_batched_throughput(tiny_dir: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import click
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from specdec.bench.costs import cost_breakdown, forward_cost_table, plot_costs, step_table
 from specdec.bench.dataset import load_questions
 from specdec.bench.report import plot_summary, summarize, summary_table
 from specdec.bench.runner import HFPeer, TurnResult, run_batched_benchmark, run_benchmark
@@ -96,6 +97,10 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
                                     hf_static=hf_static)
     summary = summarize(results, params.greedy)
     console.print(summary_table(summary, title))
+    with console.status("timing the target's forwards by width"):
+        costs = cost_breakdown(spec, results, batch_size)
+    console.print(forward_cost_table(costs, spec.method))
+    console.print(step_table(costs, spec.method))
     if json_out:
         path = Path(json_out)
         payload = {
@@ -115,6 +120,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "hf_kwargs": sorted(hf.kwargs) if hf else None,
             "baselines": sorted(baselines),
             "summary": summary,
+            "costs": costs,
             "turns": [
                 {"question_id": r.question_id, "category": r.category, "turn": r.turn, "round": r.round, "batch": r.batch,
                  "runs": {m: {"num_tokens": len(run.tokens), "seconds": run.seconds, "metrics": run.metrics.to_dict() if run.metrics else None} for m, run in r.runs.items()}}
@@ -123,7 +129,9 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
         }
         path.write_text(json.dumps(payload, indent=2, default=str))
         plot_summary(summary, path.with_suffix(".png"), title)
-        console.print(f"wrote {path} and {path.with_suffix('.png')}")
+        costs_plot = path.with_name(f"{path.stem}-costs.png")
+        plot_costs(costs, costs_plot, title)
+        console.print(f"wrote {path}, {path.with_suffix('.png')} and {costs_plot}")
     spec.close()
 
 
