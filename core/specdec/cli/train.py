@@ -1,4 +1,4 @@
-"""``specdec train``: a group whose commands come from plugins (``specdec_train_commands``)."""
+"""``specdec train``: the core's ``draft-vocab`` and the commands plugins contribute (``specdec_train_commands``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from specdec.plugins import get_registry
 
 
 def plugin_train_commands() -> dict[str, click.Command]:
-    """Every command the loaded plugins contribute, by name; a name used twice is an error."""
-    commands: dict[str, click.Command] = {}
+    """The core's commands and every command the loaded plugins contribute, by name; a name used
+    twice is an error."""
+    from specdec.cli.train_vocab import train_draft_vocab
+
+    commands: dict[str, click.Command] = {train_draft_vocab.name: train_draft_vocab}
     for contributed in get_registry().hook.specdec_train_commands():
         for command in contributed or []:
             if command.name in commands:
-                raise PluginError(f"two plugins contribute the training command {command.name!r}")
+                raise PluginError(f"the training command {command.name!r} is contributed twice (by a plugin and the core or another plugin)")
             commands[command.name] = command
     return commands
 
@@ -31,4 +34,4 @@ class PluginCommandGroup(click.Group):
 
 @click.group(cls=PluginCommandGroup)
 def train() -> None:
-    """Train drafters (commands contributed by the installed method plugins)."""
+    """Train drafters (commands contributed by the installed method plugins) and rank draft vocabularies."""

@@ -7,9 +7,10 @@ from typing import ClassVar
 from pydantic import AliasChoices, Field
 
 from specdec import DraftingConfig
+from specdec.draft_vocab import DraftVocabularyConfig
 
 
-class DraftTargetDecodingConfig(DraftingConfig):
+class DraftTargetDecodingConfig(DraftingConfig, DraftVocabularyConfig):
     """A separate, smaller causal LM that shares the target's tokenizer drafts a chain of tokens."""
 
     method_name: ClassVar[str] = "draft_target"
@@ -30,22 +31,5 @@ class DraftTargetDecodingConfig(DraftingConfig):
         description=(
             "Stop a request's chain after a draft token the draft itself gave less than this probability "
             "(transformers' `assistant_confidence_threshold`); 0 drafts the full length."
-        ),
-    )
-    draft_vocab_size: int | None = Field(
-        default=None,
-        ge=1,
-        description=(
-            "Draft over only this many target tokens, those the target's replies use most (ranked in "
-            "`draft_vocab`): the draft's output layer keeps only their rows, which makes each draft forward "
-            "cheaper. Unset: the full vocabulary, except for the shipped draft, which keeps 8192 tokens of its "
-            "shipped ranking."
-        ),
-    )
-    draft_vocab: str | None = Field(
-        default=None,
-        description=(
-            "The token ranking for `draft_vocab_size`: a safetensors file from `specdec train draft-vocab`. "
-            "Unset with the shipped draft: the ranking shipped with it."
         ),
     )

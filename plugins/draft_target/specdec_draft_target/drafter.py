@@ -45,7 +45,7 @@ from transformers import PreTrainedModel
 from specdec import DraftProposal, Request, logits_to_probs
 from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
-from specdec_draft_target.draft_vocab import trim_output_layer
+from specdec.draft_vocab import trim_output_layer
 
 
 @dataclass
@@ -65,7 +65,7 @@ class DraftModel:
                  vocab: torch.Tensor | None = None, execution: str = "eager", max_rows: int = 1,
                  max_model_len: int | None = None) -> None:
         """``vocab``, when given, holds the only token ids the draft may propose (in id order):
-        the output layer keeps only their rows (:mod:`specdec_draft_target.draft_vocab`).
+        the output layer keeps only their rows (:mod:`specdec.draft_vocab`).
         ``execution``, ``max_rows`` and ``max_model_len`` size and run the draft's batch cache
         as the target's (:class:`~specdec.runner.ModelRunner`): with CUDA graphs, a drafting
         step's one-token forwards are captured for every batch size up to ``max_rows``."""

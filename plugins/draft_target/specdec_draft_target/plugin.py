@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
-import torch
 
 from specdec import (
     ConfigError,
@@ -18,9 +16,9 @@ from specdec import (
     TargetContext,
     hookimpl,
 )
+from specdec.draft_vocab import draft_vocabulary
 from specdec.models import is_default_model, load_model
 from specdec_draft_target.config import DraftTargetDecodingConfig
-from specdec_draft_target.draft_vocab import SHIPPED_DRAFT_VOCAB_SIZE, SHIPPED_RANKING, kept_tokens, load_ranking
 from specdec_draft_target.drafter import DraftModel
 from specdec_draft_target.shipped import shipped_draft_dir
 from specdec_draft_target.vocab import check_same_tokenizer
@@ -41,27 +39,6 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
     check_same_tokenizer(tokenizer, target.tokenizer, int(model.get_output_embeddings().weight.shape[0]),
                          target.vocab_size, name)
     return model
-
-
-def draft_vocabulary(config: DraftTargetDecodingConfig, target: TargetContext) -> torch.Tensor | None:
-    """The token ids the draft may propose (a tensor, in id order), or ``None`` for all of them.
-
-    The shipped draft comes with its ranking and uses ``SHIPPED_DRAFT_VOCAB_SIZE`` of it unless
-    told otherwise, as a published EAGLE-3 head comes with its draft vocabulary.
-    """
-    size = config.draft_vocab_size
-    if size is None and config.speculative_model is None and config.draft_vocab is None:
-        size = SHIPPED_DRAFT_VOCAB_SIZE
-    if size is None:
-        return None
-    if config.draft_vocab is not None:
-        path = Path(config.draft_vocab)
-    elif config.speculative_model is None:
-        path = SHIPPED_RANKING
-    else:
-        raise ConfigError("draft_vocab: required with draft_vocab_size for a draft of your own "
-                          "(a token ranking written by `specdec train draft-vocab`)")
-    return kept_tokens(load_ranking(path, target.vocab_size), size, str(path))
 
 
 class DraftTargetResources(ResourceManager):
@@ -102,7 +79,7 @@ def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
     model = load_draft(config, target)
-    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold, draft_vocabulary(config, target),
+    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold, draft_vocabulary(config, target, shipped=config.speculative_model is None),
                          target.runner.execution, target.max_batch_size, target.runner.max_length)
     return DraftTargetResources(drafter)
 
@@ -135,6 +112,5 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
 @hookimpl
 def specdec_train_commands() -> list[click.Command]:
     from specdec_draft_target.train import train_draft
-    from specdec_draft_target.train_vocab import train_draft_vocab
 
-    return [train_draft, train_draft_vocab]
+    return [train_draft]

@@ -18,10 +18,10 @@ from specdec.testing.conformance import MethodConformance
 from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import SynthesisOptions, synthesize
 from specdec_draft_target import DraftTargetDecodingConfig
-from specdec_draft_target.draft_vocab import load_ranking, save_ranking
+from specdec.cli.train_vocab import train_draft_vocab
+from specdec.draft_vocab import load_ranking, save_ranking
 from specdec_draft_target.drafter import DraftModel
 from specdec_draft_target.train import build_draft
-from specdec_draft_target.train_vocab import train_draft_vocab
 
 #: Tokens kept of the tiny vocabulary's 36.
 KEPT = 24
@@ -78,7 +78,7 @@ class TestTrimmedVocabConformance(MethodConformance):
 
 
 @pytest.mark.parametrize(("update", "message"), [
-    ({"draft_vocab": None}, "draft_vocab: required with draft_vocab_size for a draft of your own"),
+    ({"draft_vocab": None}, "draft_vocab: required with draft_vocab_size for a drafter of your own"),
     ({"draft_vocab_size": 37}, "draft_vocab_size: 37 exceeds the 36 tokens ranked in"),
     ({"draft_vocab": "missing.safetensors"}, "draft_vocab: no such file: missing.safetensors"),
 ])

@@ -1,6 +1,6 @@
 """``specdec train draft-vocab``: rank the target's tokens by how often its replies use them.
 
-The ranking is what ``draft_vocab_size`` keeps the top of (:mod:`specdec_draft_target.draft_vocab`).
+The ranking is what a method's ``draft_vocab_size`` keeps the top of (:mod:`specdec.draft_vocab`).
 It is counted over conversations the target answered itself (``specdec synthesize`` output),
 the same data a draft is trained on; never an evaluation set.
 """
@@ -21,7 +21,7 @@ from specdec.progress import log_console
 from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import read_conversations
 from specdec.training.token_frequency import coverage, frequency_ranking, token_counts
-from specdec_draft_target.draft_vocab import SHIPPED_RANKING, save_ranking
+from specdec.draft_vocab import SHIPPED_RANKING, save_ranking
 
 #: Draft vocabulary sizes whose coverage the command reports.
 REPORTED_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -35,7 +35,7 @@ REPORTED_SIZES = (1024, 2048, 4096, 8192, 16384, 32768)
 @click.option("--model", default=None, help="Target (its tokenizer): HF id or local dir (default: embedded SmolLM2-135M-Instruct).")
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Truncate conversations to this many tokens.")
 def train_draft_vocab(data_paths, output, model, max_length) -> None:
-    """Rank the target's tokens by use in its replies, for draft_target's draft_vocab_size."""
+    """Rank the target's tokens by use in its replies, for a drafter's draft_vocab_size."""
     console = log_console()
     with console.status("counting reply tokens"):
         target, tokenizer = load_model(model, torch.float32, "cpu")
