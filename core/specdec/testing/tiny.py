@@ -75,3 +75,13 @@ def make_tiny_target(seed: int = 0, sharpness: float = 4.0, num_layers: int = 2,
         model.lm_head.weight.mul_(sharpness)
     model.generation_config.eos_token_id = 2
     return TinyTarget(model.to(device), tokenizer)
+
+
+def shuffled_ranking(vocab_size: int, path: Any) -> Any:
+    """A draft-vocabulary ranking (:mod:`specdec.draft_vocab`) of every token in a fixed random
+    order, so the tokens a ``draft_vocab_size`` keeps are not a contiguous block of ids; returns ``path``."""
+    from specdec.draft_vocab import save_ranking
+
+    ranking = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0))
+    save_ranking(path, ranking, torch.zeros(vocab_size, dtype=torch.long), {})
+    return path

@@ -15,6 +15,7 @@ from draft_target_helpers import save
 from specdec import LLM, ConfigError, Request, SamplingParams
 from specdec.sampling import PositionNoise
 from specdec.testing.conformance import MethodConformance
+from specdec.testing.tiny import shuffled_ranking
 from specdec.training.conversations import tokenize_all
 from specdec.training.synthesize import SynthesisOptions, synthesize
 from specdec_draft_target import DraftTargetDecodingConfig
@@ -25,13 +26,6 @@ from specdec_draft_target.train import build_draft
 
 #: Tokens kept of the tiny vocabulary's 36.
 KEPT = 24
-
-
-def shuffled_ranking(vocab_size: int, path: Path) -> Path:
-    """A ranking in a fixed random order (so the kept tokens are not a contiguous block of ids)."""
-    ranking = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0))
-    save_ranking(path, ranking, torch.zeros(vocab_size, dtype=torch.long), {})
-    return path
 
 
 class TestTrimmedVocabConformance(MethodConformance):

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from specdec import DraftingConfig
+from specdec.draft_vocab import DraftVocabularyConfig
 from specdec_medusa.choices import MC_SIM_7B_63, cut_to_depth, expand_choices
 
 #: The most draft tree nodes one step verifies (a bound on the target forward's width).
@@ -21,7 +22,7 @@ MAX_DEPTH = 64
 _DEPTH_NAMES = ("max_draft_len", "num_speculative_tokens")
 
 
-class MedusaDecodingConfig(DraftingConfig):
+class MedusaDecodingConfig(DraftingConfig, DraftVocabularyConfig):
     """Draft a static tree from Medusa heads that read the target's last hidden state."""
 
     method_name: ClassVar[str] = "medusa"

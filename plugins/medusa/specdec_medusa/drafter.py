@@ -35,6 +35,7 @@ from specdec import (
     logits_to_probs,
     prepack_linears,
 )
+from specdec.draft_vocab import draft_vocabulary
 from specdec.models import drafter_checkpoint
 from specdec.trees import parents_of_paths
 from specdec_medusa.checkpoint import load_heads
@@ -56,6 +57,12 @@ class MedusaResources(HiddenStateResources):
         model_config = target.model.config
         heads = load_heads(source, int(model_config.hidden_size), target.vocab_size, config.num_medusa_heads,
                            target.model.get_output_embeddings().weight)
+        heads = heads.to(target.device, target.dtype)
+        prepack_linears(heads)
+        # The shipped heads draft over the shipped draft vocabulary unless told otherwise.
+        kept = draft_vocabulary(config, target, shipped=config.speculative_model is None)
+        if kept is not None:
+            heads.narrow_vocabulary(kept)
         self.tree = _fit_tree(config, heads.num_heads)
         self.parents = parents_of_paths(self.tree)
         self.depth = max(len(node) for node in self.tree)
@@ -64,8 +71,7 @@ class MedusaResources(HiddenStateResources):
         if max(self.topk) > heads.lm_heads[0].out_features:
             raise ConfigError(f"medusa_choices: a top-{max(self.topk) - 1} index exceeds the heads' vocabulary")
         self.config = config
-        self.heads = heads.to(target.device, target.dtype)
-        prepack_linears(self.heads)
+        self.heads = heads
         self.vocab_size = target.vocab_size
         if not config.lossless:
             logger.warning(

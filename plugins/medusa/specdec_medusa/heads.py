@@ -11,6 +11,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specdec.draft_vocab import full_logits, trimmed_projection
+from specdec.errors import ConfigError
+
 
 class ResidualBlock(nn.Module):
     """``x + SiLU(W x + b)``, the block both published layouts stack ``num_layers`` deep."""
@@ -55,6 +58,18 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return len(self.blocks)
 
+    def narrow_vocabulary(self, kept: torch.Tensor) -> None:
+        """Project onto the target ids ``kept`` only (a draft vocabulary, :mod:`specdec.draft_vocab`):
+        each projection keeps their rows, one shared copy for heads that share the target's.
+        Call once the heads are on their device and in their dtype."""
+        if self.token_map is not None:
+            raise ConfigError("draft_vocab_size: these heads already project onto a truncated vocabulary (their token_map)")
+        if self.uses_target_lm_head:
+            shared = trimmed_projection(self.lm_heads[0], kept)
+            self.lm_heads = nn.ModuleList([shared] * self.num_heads)
+        else:
+            self.lm_heads = nn.ModuleList(trimmed_projection(head, kept) for head in self.lm_heads)
+        self.token_map = kept.to(self.lm_heads[0].weight.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Head logits ``[num_heads, N, head_vocab_size]`` (float32) for hidden states ``[N, hidden]``."""
@@ -66,8 +81,4 @@ class MedusaHeads(nn.Module):
 
     def full_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Head logits placed at their target ids, ``-inf`` elsewhere: ``[..., vocab_size]``."""
-        if self.token_map is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
-        full[..., self.token_map] = logits
-        return full
+        return full_logits(logits, self.token_map, vocab_size)

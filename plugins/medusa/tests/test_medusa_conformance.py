@@ -9,6 +9,7 @@ import torch
 from medusa_tiny import fitted_heads, save_fasterdecoding, save_vllm
 
 from specdec.testing.conformance import MethodConformance
+from specdec.testing.tiny import shuffled_ranking
 from specdec_medusa import MedusaDecodingConfig
 
 
@@ -25,3 +26,15 @@ class TestMedusaVllmConformance(MethodConformance):
         token_map = torch.arange(target.model.config.vocab_size)[3:]
         directory = save_vllm(fitted_heads(target.model), tmp_path / "heads", token_map=token_map)
         return {"method": "medusa", "model": str(directory)}
+
+
+class TestMedusaDraftVocabularyConformance(MethodConformance):
+    """A draft vocabulary of 24 of the 36 tokens, in a shuffled ranking: every head projects onto
+    the kept rows only, and output stays the target's (greedy exact, sampled chi-square); tokens
+    outside the kept set come from the verify step alone."""
+
+    def make_config(self, target, tmp_path):
+        directory = save_fasterdecoding(fitted_heads(target.model), tmp_path / "heads", weights_format="pt")
+        ranking = shuffled_ranking(target.model.config.vocab_size, tmp_path / "ranking.safetensors")
+        return MedusaDecodingConfig(speculative_model=str(directory), medusa_choices=[[0, 0, 0], [0, 1], [1, 0], [2]],
+                                    draft_vocab=str(ranking), draft_vocab_size=24)

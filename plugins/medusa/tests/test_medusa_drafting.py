@@ -99,3 +99,35 @@ def test_a_small_budget_keeps_the_first_nodes(target, heads_dir, monkeypatch) ->
     # The last steps' budgets are smaller still: the request runs out of tokens.
     assert [budget for _, budget, _, _, _ in seen].count(2) > 1
     assert all(budget <= 2 and p.parents == [-1, 0][:budget] for _, budget, _, p, _ in seen)
+
+
+def test_draft_vocabulary_trees_and_chains_hold_only_kept_tokens(target, heads_dir, tmp_path, monkeypatch) -> None:
+    """With ``draft_vocab_size``, each tree node is its head's top-i token among the kept ones
+    (the trimmed rows map back to the right ids) and a sampled chain's distributions are zero off
+    the kept tokens; heads that already truncate their vocabulary (vLLM's token_map) are refused."""
+    from specdec import ConfigError
+    from specdec.draft_vocab import kept_tokens, load_ranking
+    from specdec.testing.tiny import shuffled_ranking
+
+    vocab = target.model.config.vocab_size
+    ranking = shuffled_ranking(vocab, tmp_path / "ranking.safetensors")
+    allowed = kept_tokens(load_ranking(ranking, vocab), 24, "test").tolist()
+    seen = _recording(monkeypatch)
+    config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES, "adaptive_draft_len": False,
+              "draft_vocab": str(ranking), "draft_vocab_size": 24}
+    with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=2) as llm:
+        prompts = [{"prompt_token_ids": target.encode(t)} for t in PROMPTS]
+        llm.generate(prompts, SamplingParams(max_tokens=20))
+        llm.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0))
+        trees = [(ids, budget, proposal, manager) for ids, budget, kind, proposal, manager in seen if kind == "greedy"]
+        chains = [proposal for _, _, kind, proposal, _ in seen if kind == "unseeded"]
+        assert trees and chains
+        for ids, budget, proposal, manager in trees:
+            assert manager.heads.lm_heads[0].out_features == 24 and set(proposal.token_ids) <= set(allowed)
+            assert proposal.token_ids == _expected_tree(target.model, manager, ids)[: min(budget, len(TREE))]
+    off = sorted(set(range(vocab)) - set(allowed))
+    assert all(float(p.probs[:, off].sum()) == 0 and set(p.token_ids) <= set(allowed) for p in chains)
+
+    truncated = save_vllm(fitted_heads(target.model), tmp_path / "truncated", token_map=torch.arange(vocab)[3:])
+    with pytest.raises(ConfigError, match="draft_vocab_size: these heads already project onto a truncated vocabulary"):
+        LLM(target.model, {**config, "model": str(truncated)}, tokenizer=target.tokenizer)

@@ -7,9 +7,10 @@ from typing import ClassVar
 from pydantic import AliasChoices, Field, model_validator
 
 from specdec import DraftingConfig
+from specdec.draft_vocab import DraftVocabularyConfig
 
 
-class MTPDecodingConfig(DraftingConfig):
+class MTPDecodingConfig(DraftingConfig, DraftVocabularyConfig):
     """Draft with DeepSeek-V3 multi-token prediction (MTP) layers shipped beside the target's weights
     (DeepSeek-V3) or trained for it (``specdec train mtp``, any Llama-style target)."""
 

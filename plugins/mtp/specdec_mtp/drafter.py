@@ -39,6 +39,7 @@ from specdec import (
     logits_to_probs,
     prepack_linears,
 )
+from specdec.draft_vocab import draft_vocabulary, full_logits, trimmed_projection
 from specdec.errors import ConfigError
 from specdec.models import drafter_checkpoint, is_default_model
 from specdec_mtp.checkpoint import load_mtp_layers
@@ -118,6 +119,18 @@ class MTPResources(HiddenStateResources):
             prepack_linears(layer)
             if layer.shared_head.head is None:
                 layer.shared_head.head = target.model.get_output_embeddings()
+        #: The target ids the layers draft over (a draft vocabulary), ``None`` for all of them; the
+        #: layer shipped for the default target drafts over the shipped one unless told otherwise.
+        self.kept = draft_vocabulary(config, target, shipped=not config.speculative_model and is_default_model(target.model))
+        if self.kept is not None:
+            trimmed: dict[int, torch.nn.Module] = {}  # layers sharing a head share its trimmed copy
+            for layer in self.layers:
+                head = layer.shared_head.head
+                if id(head) not in trimmed:
+                    trimmed[id(head)] = trimmed_projection(head, self.kept)
+                layer.shared_head.head = trimmed[id(head)]
+            self.kept = self.kept.to(target.device)
+        self.vocab_size = target.vocab_size
         self.target_embed = target.model.get_input_embeddings()
         self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device
@@ -213,8 +226,10 @@ class MTPResources(HiddenStateResources):
         return layer(embeds, previous[None], positions, rotary, cache)[0]
 
     def _choose(self, logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
-        """The draft for position ``len(request.token_ids) + offset``; a sampled one returns its distribution."""
+        """The draft for position ``len(request.token_ids) + offset`` from logits over the draft
+        vocabulary; a sampled one returns its distribution over the target's."""
         if request.params.greedy:
-            return int(greedy_tokens(logits)), None
-        dist = logits_to_probs(logits.float(), request.params)
+            pick = greedy_tokens(logits)
+            return int(pick if self.kept is None else self.kept[pick]), None
+        dist = logits_to_probs(full_logits(logits.float(), self.kept, self.vocab_size), request.params)
         return request.sample(dist, offset), dist

@@ -9,6 +9,7 @@ with a tiny Llama target: MTP layers whose blocks are the target's own ``LlamaDe
 from mtp_tiny import load_target
 
 from specdec.testing.conformance import MethodConformance
+from specdec.testing.tiny import shuffled_ranking
 from specdec_mtp import MTPDecodingConfig
 
 
@@ -34,3 +35,15 @@ class TestMTPLlamaConformance(MethodConformance):
 
     def make_config(self, target, tmp_path):
         return MTPDecodingConfig(max_draft_len=3)
+
+
+class TestMTPDraftVocabularyConformance(MethodConformance):
+    """The Llama target's MTP layers drafting over 24 of its tokens (a shuffled ranking): the
+    target's shared output layer is trimmed to the kept rows, and output stays the target's."""
+
+    def make_target(self):
+        return load_target(2, architecture="llama")
+
+    def make_config(self, target, tmp_path):
+        ranking = shuffled_ranking(target.model.config.vocab_size, tmp_path / "ranking.safetensors")
+        return MTPDecodingConfig(max_draft_len=3, draft_vocab=str(ranking), draft_vocab_size=24)

@@ -71,3 +71,41 @@ def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(saved) -> None:
     joined, steady, second = setup_seconds_by_phase(llm, [5, 9, 13, 22, 5, 9, 13, 22, 5, 9], [7, 8, 9, 10, 11, 12, 13, 14, 15])
     llm.close()
     assert 0 < joined == steady < second
+
+
+@pytest.mark.parametrize("kept", [24, 36])
+def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved, tmp_path, monkeypatch, kept: int) -> None:
+    """With ``draft_vocab_size``, every greedy draft is a kept token and every sampled draft's
+    distribution is zero off the kept tokens; keeping every token drafts exactly what the full
+    projection does (the trimmed rows map back to the right ids)."""
+    from specdec.draft_vocab import kept_tokens, load_ranking
+    from specdec.testing.tiny import shuffled_ranking
+
+    model, _, tokenizer = saved
+    vocab = model.config.vocab_size
+    ranking = shuffled_ranking(vocab, tmp_path / "ranking.safetensors")
+    allowed = set(kept_tokens(load_ranking(ranking, vocab), kept, "test").tolist())
+    seen: list = []
+    propose = MTPResources.propose
+
+    def recording(self, request):
+        proposal = propose(self, request)
+        seen.append(proposal)
+        return proposal
+
+    monkeypatch.setattr(MTPResources, "propose", recording)
+    prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8]}]
+    outputs = {}
+    for options in ({}, {"draft_vocab": str(ranking), "draft_vocab_size": kept}):
+        seen.clear()
+        llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3, **options}), tokenizer=tokenizer)
+        llm.generate(prompts, SamplingParams(max_tokens=16))
+        outputs[bool(options)] = [p.token_ids for p in seen]
+        llm.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0))
+        llm.close()
+    assert all(t in allowed for drafts in outputs[True] for t in drafts)
+    sampled = [p for p in seen if p.probs is not None]
+    assert sampled and all(float(p.probs[:, sorted(set(range(vocab)) - allowed)].sum()) == 0 for p in sampled)
+    assert all(torch.allclose(p.probs.sum(-1), torch.ones(len(p.probs))) for p in sampled)
+    if kept == vocab:
+        assert outputs[True] == outputs[False]
