@@ -139,26 +139,43 @@ def test_the_tolerance_never_keeps_a_length_that_loses_to_plain_decoding():
     assert ForwardCost([1.0] * 5).best_length([rarely], [4], draft_cost=0.05) == 2
 
 
-def test_trees_are_drafted_whole_or_not_at_all():
-    """A tree's estimate holds its accepted depths; chain estimates from them would cut a 12-node
-    tree to the few nodes a chain of that acceptance pays for (what the real model's head got, at
-    about 0.06 forwards of drafting per node), losing the branches. The tree policy keeps all the
-    offered nodes when the whole tree beats plain decoding and none when it does not."""
-    cost = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.05, 1.05, 1.05, 1.05, 1.1, 1.1, 1.1, 1.1, 1.1])
-    trees = estimate(*[(5, 2), (5, 1), (5, 0), (5, 3)] * 4)
-    assert cost.best_length([trees], [12], draft_cost=0.06) < 12
-    assert cost.best_length([trees], [12], draft_cost=0.06, tree_depth=5) == 12
-    # Expected tokens of the whole tree come from its depth, its cost from all its nodes.
-    gain = trees.expected_tokens(5)[5]
-    assert cost.tree_pays([trees], [12], 5, draft_cost=(gain / 1.01 - 1.1) / 12)
-    assert not cost.tree_pays([trees], [12], 5, draft_cost=(gain / 0.99 - 1.1) / 12)
-    assert cost.best_length([steady(16, 5, 0)], [12], draft_cost=0.06, tree_depth=5) == 0
-    # A request with a budget of 2 drafts a tree 2 deep, worth less, while the batch pays the
-    # widest forward: at a cost between the two, two deep trees pay and a deep and a shallow do not.
-    shallow = trees.expected_tokens(2)[2]
-    between = ((3 * gain + shallow) / 4 - 1.1) / 12
-    assert cost.tree_pays([trees, trees], [12, 12], 5, draft_cost=between)
-    assert not cost.tree_pays([trees, trees], [12, 2], 5, draft_cost=between)
+def trees(*steps: tuple[int, set[int]], window: int = 16) -> AcceptanceEstimate:
+    """An estimate from tree steps: ``(nodes drafted, nodes on the accepted path)``."""
+    est = AcceptanceEstimate(window)
+    for nodes, accepted in steps:
+        est.update(nodes, len(accepted), (nodes, frozenset(accepted)))
+    return est
+
+
+def test_tree_nodes_are_estimated_one_by_one():
+    """A node's rate is how often it lay on the accepted path when drafted, shrunk toward the
+    prior; the expected tokens of a tree's first n nodes add them up; a node never drafted keeps
+    the prior PRIOR_ACCEPTANCE / (i + 1)."""
+    est = trees(*[(6, {0, 1}), (6, {0}), (6, {2}), (6, set())] * 4)
+    for node, hits in ((0, 8), (1, 4), (2, 4), (3, 0)):
+        assert est.node_rate(node) == pytest.approx((hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (node + 1)) / (16 + PRIOR_WEIGHT))
+    assert est.node_rate(9) == pytest.approx(PRIOR_ACCEPTANCE / 10)
+    assert est.expected_tree_tokens(3) == pytest.approx([1, 1 + est.node_rate(0), 1 + est.node_rate(0) + est.node_rate(1),
+                                                         1 + sum(est.node_rate(i) for i in range(3))])
+
+
+def test_trees_keep_the_nodes_that_pay_for_their_width():
+    """A 12-node tree whose first three nodes carry its acceptance: where every width costs about
+    the same the whole tree is kept (the later nodes cost nothing and may still be accepted);
+    where widths past 3 tokens cost twice a forward (a CPU in float32) only the first nodes are,
+    rather than dropping the tree; a tree nobody accepts is not drafted. Chain estimates from the
+    same steps' depths would cut the tree by a chain's per-position acceptance instead."""
+    est = trees(*[(12, {0, 1}), (12, {0}), (12, {2}), (12, {0, 1})] * 4)
+    flat = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.02, 1.02, 1.02, 1.02, 1.04, 1.04, 1.04, 1.04, 1.05])
+    assert flat.best_length([est], [12], tree=True) == 12
+    steep = ForwardCost([1.0, 1.05, 1.1, 1.15] + [2.0] * 9)
+    assert steep.best_length([est], [12], tree=True) == 3
+    # Never accepted in 16 steps, the first node's rate is the prior's weight alone (0.07).
+    assert ForwardCost([1.0, 1.1, 1.15, 1.2] + [2.0] * 9).best_length([trees(*[(12, set())] * 16)], [12], tree=True) == 0
+    # Drafting is charged per node: at 0.3 forwards a node the third node (on the accepted path a
+    # quarter of the time) no longer pays; at a whole forward a node none does.
+    assert steep.best_length([est], [12], draft_cost=0.3, tree=True) == 2
+    assert steep.best_length([est], [12], draft_cost=1.0, tree=True) == 0
 
 
 def test_progress_counts_the_mean_or_the_end_of_a_draining_batch():
@@ -186,8 +203,8 @@ def test_a_draining_batch_does_not_draft_past_its_slowest_request():
     assert cost.best_length(rows, offered) == 4
     assert cost.best_length(rows, offered, remaining=[100] * 8) == 0
     assert cost.best_length(rows, offered, remaining=[100] * 4 + [10] * 4) == 4
-    assert cost.tree_pays(rows, offered, 4)
-    assert not cost.tree_pays(rows, offered, 4, remaining=[100] * 8)
+    assert cost.best_length(rows, offered, tree=True) > 0
+    assert cost.best_length(rows, offered, tree=True, remaining=[100] * 8) == 0
 
 
 class PerfectFor:
@@ -348,7 +365,7 @@ def test_a_resume_counts_its_setup_over_the_runs_resumes_start():
     good = [steady(16, 4, 1)] * 8
     assert cost.best_length(good, [4] * 8, draft_cost=0.1) > 0
     assert cost.best_length(good, [4] * 8, draft_cost=0.1, setup_cost=resumes.seconds_per_step(8) / 0.06) == 0
-    assert cost.tree_pays(good, [4] * 8, 4, 0.1) and not cost.tree_pays(good, [4] * 8, 4, 0.1, 2.0)
+    assert cost.best_length(good, [4] * 8, 0.1, tree=True) > 0 and cost.best_length(good, [4] * 8, 0.1, True, 2.0) == 0
 
 
 def plain_step_seconds(plain) -> float:

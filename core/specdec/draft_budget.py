@@ -127,11 +127,11 @@ class DraftBudget:
         unit = plan.cost.base_seconds
         draft_cost = measured.seconds / unit if measured is not None and unit else 0.0
         setup_cost = self.resume_cost.seconds_per_step(rows) / unit if unit else 0.0
-        tree_depth = config.max_draft_len if config.max_draft_tokens > config.max_draft_len else None
         # A batch whose recent acceptance does not pay for the drafting and the wider forward
-        # skips the drafter.
+        # skips the drafter; a tree keeps the nodes that pay.
         keep = plan.cost.best_length(
-            [r.acceptance for r in batch], budgets, draft_cost, tree_depth, setup_cost, plan.remaining_of(batch)
+            [r.acceptance for r in batch], budgets, draft_cost, config.max_draft_tokens > config.max_draft_len,
+            setup_cost, plan.remaining_of(batch),
         )
         if keep == 0 and measured is not None:
             measured.fade(config.adaptive_window)
@@ -152,8 +152,8 @@ class DraftBudget:
         else:
             self.draft_time[rows] = DraftTime(per_token)
         if plan.cost is None or any(p.parents is not None for p in proposals):
-            # A tree was sized by its method to the budget; cutting it by chain estimates would
-            # lose the branches that make it worth drafting.
+            # A tree was sized to its budget before drafting, by its nodes' acceptance; cutting
+            # it by chain estimates would lose the branches that make it worth drafting.
             return proposals
         # The offered lengths are known now (an n-gram often offers fewer than its budget).
         keep = plan.cost.best_length(
@@ -166,14 +166,18 @@ class DraftBudget:
                 results: Sequence[VerifyResult], seconds: float) -> None:
         """What the step did: each request's drafts and acceptance, and ``seconds`` from the start
         of its target forward to the end of its accept hook."""
-        outcomes = []
+        outcomes, trees = [], []
         for request, proposal, result in zip(batch, proposals, results):
             if len(proposal):
                 outcomes.append((depth(proposal), result.num_accepted))
-                request.acceptance.update(*outcomes[-1])
+                tree = None
+                if proposal.parents is not None:
+                    tree = (len(proposal), frozenset(result.accepted_nodes or ()))
+                    trees.append(tree)
+                request.acceptance.update(*outcomes[-1], tree)
             else:
                 request.acceptance.skip()
-        self.acceptance.record_batch(outcomes)
+        self.acceptance.record_batch(outcomes, trees)
         if not outcomes:
             self.resume_cost.paused()
         if plan.predicted is not None:

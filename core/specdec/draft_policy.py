@@ -30,10 +30,17 @@ freed early is not refilled: tokens that put a request further ahead of the othe
 There a step's worth is how much sooner the batch is projected to finish, each request going on
 at the tokens this step is expected to give it (:func:`progress`), not the mean tokens per row.
 
-Trees (a method whose ``max_draft_tokens`` exceeds its depth ``max_draft_len``) are drafted whole
-or not at all: the estimate then holds each tree's accepted depth, which gives the expected tokens
-of the whole tree, and cutting a tree to the length a chain would get loses the branches that make
-it worth drafting.
+Trees (a method whose ``max_draft_tokens`` exceeds its depth ``max_draft_len``) are sized by their
+nodes. A method lists a tree's nodes parents first and best first (Medusa's static tree, EAGLE-2's
+reranked nodes), so the first ``n`` nodes of a tree are a tree too, and a node's index means
+much the same from step to step. Each request's estimate also counts, per node index, how often
+that node lay on the accepted path when it was drafted; a tree's expected tokens with ``n`` nodes
+are ``1 + sum_{i<n} p[i]`` (the accepted path holds at most one node per depth, so the sum is its
+expected length). The policy then keeps the number of nodes whose expected progress per unit of
+cost is best, as it does for a chain's length: on a machine where a forward four tokens wide
+costs twice a one-token forward, a 63-node tree is cut to its few best nodes rather than
+dropped. A node never drafted yet starts from ``PRIOR_ACCEPTANCE / (i + 1)``, optimistic for the
+first nodes and sceptical about the hundredth.
 """
 
 from __future__ import annotations
@@ -217,16 +224,25 @@ class AcceptanceEstimate:
         #: step without drafts).
         self.steps: deque[list[tuple[int, int]]] = deque(maxlen=window)
         self.prior = prior
+        #: Per step, for each tree verified in it, ``(nodes drafted, indices of the nodes on the
+        #: accepted path)``, beside :attr:`steps`.
+        self.trees: deque[list[tuple[int, frozenset[int]]]] = deque(maxlen=window)
         #: ``(reached, hits)`` by position, counted once per step (the engine's window is long).
         self._counts: dict[int, tuple[int, int]] = {}
+        #: The same by tree node index.
+        self._node_counts: dict[int, tuple[int, int]] = {}
 
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        self.record_batch([(num_drafted, num_accepted)])
+    def update(self, num_drafted: int, num_accepted: int, tree: tuple[int, frozenset[int]] | None = None) -> None:
+        """One step's outcome; ``tree``, for a tree, is its node count and accepted nodes."""
+        self.record_batch([(num_drafted, num_accepted)], [tree] if tree is not None else [])
 
-    def record_batch(self, outcomes: list[tuple[int, int]]) -> None:
-        """One step of ``(drafted, accepted)`` outcomes (empty: a step without drafts)."""
+    def record_batch(self, outcomes: list[tuple[int, int]], trees: list[tuple[int, frozenset[int]]] | None = None) -> None:
+        """One step of ``(drafted, accepted)`` outcomes (empty: a step without drafts), and of
+        ``(nodes, accepted nodes)`` for the trees among them."""
         self.steps.append(outcomes)
+        self.trees.append(trees or [])
         self._counts.clear()
+        self._node_counts.clear()
 
     def skip(self) -> None:
         """A step without drafts: no evidence, but the window moves on."""
@@ -252,6 +268,27 @@ class AcceptanceEstimate:
         for i in range(length):
             reach *= self.alpha(i)
             out.append(out[-1] + reach)
+        return out
+
+    def node_rate(self, node: int) -> float:
+        """P(tree node ``node`` lies on the accepted path | it was drafted), shrunk toward the prior."""
+        if node not in self._node_counts:
+            reached = hits = 0
+            for step in self.trees:
+                for drafted, accepted in step:
+                    if drafted > node:
+                        reached += 1
+                        hits += node in accepted
+            self._node_counts[node] = (reached, hits)
+        reached, hits = self._node_counts[node]
+        prior = self.prior.node_rate(node) if self.prior is not None else PRIOR_ACCEPTANCE / (node + 1)
+        return (hits + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+
+    def expected_tree_tokens(self, nodes: int) -> list[float]:
+        """Expected tokens per step for a tree of every node count ``0..nodes`` (its first nodes)."""
+        out = [1.0]
+        for node in range(nodes):
+            out.append(out[-1] + self.node_rate(node))
         return out
 
 
@@ -331,7 +368,7 @@ class ForwardCost:
         estimates: Sequence[AcceptanceEstimate],
         offered: Sequence[int],
         draft_cost: float = 0.0,
-        tree_depth: int | None = None,
+        tree: bool = False,
         setup_cost: float = 0.0,
         remaining: Sequence[int] | None = None,
     ) -> int:
@@ -343,17 +380,16 @@ class ForwardCost:
         costs the step, whatever the length, in the same unit (a resume's setup spread over the
         run it starts: :class:`ResumeCost`).
 
-        ``tree_depth`` says the drafts will form trees of at most that depth: then the choice is
-        all the offered nodes or none (see :meth:`tree_pays`).
+        ``tree``: the drafts form trees, and a length is a node count (the tree's first nodes),
+        whose worth comes from each node's own acceptance
+        (:meth:`AcceptanceEstimate.expected_tree_tokens`).
 
         ``remaining[b]``, given for a batch that only drains toward known lengths, is the tokens
         request ``b`` has left: progress then counts the batch's end (see :func:`progress`).
         """
-        if tree_depth is not None:
-            pays = self.tree_pays(estimates, offered, tree_depth, draft_cost, setup_cost, remaining)
-            return max(offered, default=0) if pays else 0
         longest = min(max(offered, default=0), len(self.relative) - 1)
-        gains = [e.expected_tokens(min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
+        expected = AcceptanceEstimate.expected_tree_tokens if tree else AcceptanceEstimate.expected_tokens
+        gains = [expected(e, min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
         rates = [
             progress([g[min(n, len(g) - 1)] for g in gains], remaining)
             / (self.relative[n] + draft_cost * n + (setup_cost if n else 0.0))
@@ -365,29 +401,6 @@ class ForwardCost:
             return 0
         # The tolerance keeps longer drafts near the best, never one expected to lose to plain decoding.
         return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE) and rates[n] > rates[0])
-
-    def tree_pays(
-        self,
-        estimates: Sequence[AcceptanceEstimate],
-        offered: Sequence[int],
-        depth: int,
-        draft_cost: float = 0.0,
-        setup_cost: float = 0.0,
-        remaining: Sequence[int] | None = None,
-    ) -> bool:
-        """Whether drafting trees of ``offered[b]`` nodes, at most ``depth`` deep, beats plain decoding.
-
-        A tree's worth is in its branches: the first ``n`` nodes of a tree are not a chain of
-        ``n``, so a tree is not cut by chain estimates. Its method sized it (depth, top-k, nodes);
-        a request's estimate, recorded from its trees' accepted depths, gives the expected tokens
-        of its whole tree, and the cost is the forward as wide as the largest tree plus drafting
-        every node. ``remaining`` is as in :meth:`best_length`.
-        """
-        width = min(max(offered, default=0), len(self.relative) - 1)
-        if width == 0:
-            return False
-        gains = [e.expected_tokens(min(depth, n))[-1] for e, n in zip(estimates, offered, strict=True)]
-        return progress(gains, remaining) / (self.relative[width] + draft_cost * width + setup_cost) > 1
 
 
 class ContextCost:
