@@ -3,6 +3,8 @@
 from specdec.attention import grouped_query_attention
 from specdec.builtin.user_provided import UserProvidedDecodingConfig
 from specdec.config import DraftingConfig, PlainDecodingConfig, SpeculativeConfig
+from specdec.draft_pick import pick_drafts
+from specdec.draft_vocab import DraftVocabularyConfig, draft_vocabulary
 from specdec.errors import ConfigError, PluginError, QueueFullError, RequestFailedError, SpecdecError, UnknownMethodError
 from specdec.hookspecs import hookimpl
 from specdec.llm import LLM, RequestOutput
@@ -15,6 +17,7 @@ from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 __all__ = [
     "ConfigError",
     "DraftProposal",
+    "DraftVocabularyConfig",
     "DraftingConfig",
     "HiddenStateResources",
     "LLM",
@@ -34,9 +37,11 @@ __all__ = [
     "UnknownMethodError",
     "UserProvidedDecodingConfig",
     "VerifyResult",
+    "draft_vocabulary",
     "greedy_tokens",
     "grouped_query_attention",
     "hookimpl",
     "logits_to_probs",
+    "pick_drafts",
     "prepack_linears",
 ]

@@ -40,8 +40,7 @@ from specdec import (
     Request,
     TargetContext,
     VerifyResult,
-    greedy_tokens,
-    logits_to_probs,
+    pick_drafts,
     prepack_linears,
 )
 from specdec_eagle3.checkpoint import load_head
@@ -277,23 +276,6 @@ class Eagle3Resources(HiddenStateResources):
     def _choose(
         self, draft_logits: torch.Tensor, requests: list[Request], offset: int
     ) -> list[tuple[int, torch.Tensor | None]]:
-        """Per request, pick the target token for position ``len(request.token_ids) + offset`` from
-        its row of draft-vocabulary logits ``[requests, draft_vocab]``; sampled picks return their
-        distribution.
-
-        A greedy pick is the draft vocabulary's argmax, mapped to its target id (one argmax for the
-        batch). For a sampled pick the draft logits are placed at their target ids (``-inf``
-        elsewhere) and shaped by the request's own temperature / top-k / top-p, so ``q`` is zero
-        outside the draft vocabulary.
-        """
-        greedy = self.draft_ids[greedy_tokens(draft_logits)].tolist()
-        picks: list[tuple[int, torch.Tensor | None]] = []
-        for request, row, token in zip(requests, draft_logits, greedy):
-            if request.params.greedy:
-                picks.append((token, None))
-                continue
-            logits = row.float().new_full((self.vocab_size,), float("-inf"))
-            logits[self.draft_ids] = row.float()
-            dist = logits_to_probs(logits, request.params)
-            picks.append((request.sample(dist, offset), dist))
-        return picks
+        """Per request, the target token for position ``len(request.token_ids) + offset`` from its
+        row of draft-vocabulary logits ``[requests, draft_vocab]`` (:func:`specdec.draft_pick.pick_drafts`)."""
+        return pick_drafts(draft_logits, requests, [offset] * len(requests), self.draft_ids, self.vocab_size)

@@ -32,7 +32,7 @@ from specdec import (
     Request,
     TargetContext,
     VerifyResult,
-    logits_to_probs,
+    pick_drafts,
     prepack_linears,
 )
 from specdec.draft_vocab import draft_vocabulary
@@ -124,9 +124,8 @@ class MedusaResources(HiddenStateResources):
     def _chain(self, logits: torch.Tensor, request: Request) -> DraftProposal:
         """Draft ``k`` drawn from head ``k``'s distribution, shaped by the request's params."""
         length = min(self.depth, request.max_draft_len)
-        probs = logits_to_probs(self.heads.full_logits(logits[:length], self.vocab_size), request.params)
-        tokens = [request.sample(probs[k], offset=k) for k in range(length)]
-        return DraftProposal(tokens, probs)
+        picks = pick_drafts(logits[:length], [request] * length, range(length), self.heads.token_map, self.vocab_size)
+        return DraftProposal([token for token, _ in picks], torch.stack([dist for _, dist in picks]))
 
 
 def _fit_tree(config: MedusaDecodingConfig, num_heads: int) -> list[tuple[int, ...]]:

@@ -35,11 +35,10 @@ from specdec import (
     Request,
     TargetContext,
     VerifyResult,
-    greedy_tokens,
-    logits_to_probs,
+    pick_drafts,
     prepack_linears,
 )
-from specdec.draft_vocab import draft_vocabulary, full_logits, trimmed_projection
+from specdec.draft_vocab import draft_vocabulary, trimmed_projection
 from specdec.errors import ConfigError
 from specdec.models import drafter_checkpoint, is_default_model
 from specdec_mtp.checkpoint import load_mtp_layers
@@ -228,8 +227,4 @@ class MTPResources(HiddenStateResources):
     def _choose(self, logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
         """The draft for position ``len(request.token_ids) + offset`` from logits over the draft
         vocabulary; a sampled one returns its distribution over the target's."""
-        if request.params.greedy:
-            pick = greedy_tokens(logits)
-            return int(pick if self.kept is None else self.kept[pick]), None
-        dist = logits_to_probs(full_logits(logits.float(), self.kept, self.vocab_size), request.params)
-        return request.sample(dist, offset), dist
+        return pick_drafts(logits[None], [request], [offset], self.kept, self.vocab_size)[0]

@@ -20,7 +20,6 @@ states are constants, so the chunks' gradients simply add up, and at most one ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
