@@ -72,7 +72,14 @@ class MedusaHeads(nn.Module):
         self.token_map = kept.to(self.lm_heads[0].weight.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Head logits ``[num_heads, N, head_vocab_size]`` (float32) for hidden states ``[N, hidden]``."""
+        """Head logits ``[num_heads, N, head_vocab_size]`` (float32) for hidden states ``[N, hidden]``.
+
+        Heads that share one projection go through it in one call: a decoding step's projection
+        reads its whole weight for a handful of rows, so one read serves every head.
+        """
+        if self.uses_target_lm_head:
+            rows = torch.cat([block(hidden) for block in self.blocks])  # [num_heads * N, hidden]
+            return self.lm_heads[0](rows).float().view(self.num_heads, hidden.shape[0], -1)
         return torch.stack([lm_head(block(hidden)).float() for block, lm_head in zip(self.blocks, self.lm_heads)])
 
     def target_ids(self, head_ids: torch.Tensor) -> torch.Tensor:
