@@ -155,6 +155,10 @@ def test_tree_nodes_are_estimated_one_by_one():
     for node, hits in ((0, 8), (1, 4), (2, 4), (3, 0)):
         assert est.node_rate(node) == pytest.approx((hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (node + 1)) / (16 + PRIOR_WEIGHT))
     assert est.node_rate(9) == pytest.approx(PRIOR_ACCEPTANCE / 10)
+    # Steps leaving the window take their counts with them.
+    aged = trees(*[(6, {0})] * 4, *[(3, set())] * 4, window=4)
+    assert aged.node_rate(0) == pytest.approx(PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (4 + PRIOR_WEIGHT))
+    assert aged.node_rate(4) == pytest.approx(PRIOR_ACCEPTANCE / 5)
     assert est.expected_tree_tokens(3) == pytest.approx([1, 1 + est.node_rate(0), 1 + est.node_rate(0) + est.node_rate(1),
                                                          1 + sum(est.node_rate(i) for i in range(3))])
 

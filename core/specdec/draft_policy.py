@@ -229,8 +229,10 @@ class AcceptanceEstimate:
         self.trees: deque[list[tuple[int, frozenset[int]]]] = deque(maxlen=window)
         #: ``(reached, hits)`` by position, counted once per step (the engine's window is long).
         self._counts: dict[int, tuple[int, int]] = {}
-        #: The same by tree node index.
-        self._node_counts: dict[int, tuple[int, int]] = {}
+        #: By tree node index, the trees in the window that drafted it and those whose accepted
+        #: path held it, kept up to date step by step (a tree may have hundreds of nodes).
+        self._node_reached: list[int] = []
+        self._node_hits: list[int] = []
 
     def update(self, num_drafted: int, num_accepted: int, tree: tuple[int, frozenset[int]] | None = None) -> None:
         """One step's outcome; ``tree``, for a tree, is its node count and accepted nodes."""
@@ -240,9 +242,22 @@ class AcceptanceEstimate:
         """One step of ``(drafted, accepted)`` outcomes (empty: a step without drafts), and of
         ``(nodes, accepted nodes)`` for the trees among them."""
         self.steps.append(outcomes)
+        if len(self.trees) == self.trees.maxlen:
+            self._count_trees(self.trees[0], -1)
         self.trees.append(trees or [])
+        self._count_trees(self.trees[-1], 1)
         self._counts.clear()
-        self._node_counts.clear()
+
+    def _count_trees(self, trees: list[tuple[int, frozenset[int]]], sign: int) -> None:
+        for drafted, accepted in trees:
+            if drafted > len(self._node_reached):
+                grow = drafted - len(self._node_reached)
+                self._node_reached += [0] * grow
+                self._node_hits += [0] * grow
+            for node in range(drafted):
+                self._node_reached[node] += sign
+            for node in accepted:
+                self._node_hits[node] += sign
 
     def skip(self) -> None:
         """A step without drafts: no evidence, but the window moves on."""
@@ -272,15 +287,8 @@ class AcceptanceEstimate:
 
     def node_rate(self, node: int) -> float:
         """P(tree node ``node`` lies on the accepted path | it was drafted), shrunk toward the prior."""
-        if node not in self._node_counts:
-            reached = hits = 0
-            for step in self.trees:
-                for drafted, accepted in step:
-                    if drafted > node:
-                        reached += 1
-                        hits += node in accepted
-            self._node_counts[node] = (reached, hits)
-        reached, hits = self._node_counts[node]
+        counted = node < len(self._node_reached)
+        reached, hits = (self._node_reached[node], self._node_hits[node]) if counted else (0, 0)
         prior = self.prior.node_rate(node) if self.prior is not None else PRIOR_ACCEPTANCE / (node + 1)
         return (hits + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
 
