@@ -46,3 +46,18 @@ def test_seeded_picks_use_the_positions_noise():
     picks = pick_drafts(logits, [seeded, seeded], [0, 1], KEPT, VOCAB)
     for offset, (token, dist) in enumerate(picks):
         assert token == int(race(dist, seeded.noise.at(len(seeded.token_ids) + offset)))
+
+
+def test_kept_rows_narrow_a_drafters_own_vocabulary_by_rank():
+    """A projection whose rows stand for target ids (EAGLE-3's d2t) keeps the rows of its best
+    ranked tokens, in row order; asking for more than it has names the field."""
+    import pytest
+
+    from specdec import ConfigError
+    from specdec.draft_vocab import kept_rows
+
+    ranking = torch.tensor([7, 2, 9, 0, 4, 1, 3, 5, 6, 8])  # token 7 is used most
+    row_ids = torch.tensor([1, 2, 4, 8, 9])
+    assert kept_rows(ranking, row_ids, 3, "test").tolist() == [1, 2, 4]  # tokens 2, 9, 4
+    with pytest.raises(ConfigError, match="draft_vocab_size: 6 exceeds the drafter's own vocabulary of 5"):
+        kept_rows(ranking, row_ids, 6, "test")

@@ -60,16 +60,19 @@ class DraftVocabularyConfig(BaseModel):
     )
 
 
-def draft_vocabulary(config: DraftVocabularyConfig, target: TargetContext, shipped: bool) -> torch.Tensor | None:
-    """The token ids the drafter may propose (in id order), or ``None`` for all of them.
+def draft_ranking(
+    config: DraftVocabularyConfig, target: TargetContext, shipped: bool, shipped_size: int | None = SHIPPED_DRAFT_VOCAB_SIZE
+) -> tuple[torch.Tensor, int, str] | None:
+    """``(ranking, draft_vocab_size, where the ranking came from)`` the options ask for, or ``None``
+    for the full vocabulary.
 
-    ``shipped``: the drafter is one a plugin ships for the default target; it then uses
-    ``SHIPPED_DRAFT_VOCAB_SIZE`` tokens of the shipped ranking unless told otherwise, as a published
-    EAGLE-3 head comes with its draft vocabulary.
+    ``shipped``: the drafter is one a plugin ships for the default target; it may use the shipped
+    ranking, and uses ``shipped_size`` tokens of it unless told otherwise (as a published EAGLE-3
+    head comes with its draft vocabulary).
     """
     size = config.draft_vocab_size
     if size is None and shipped and config.draft_vocab is None:
-        size = SHIPPED_DRAFT_VOCAB_SIZE
+        size = shipped_size
     if size is None:
         return None
     if config.draft_vocab is not None:
@@ -79,7 +82,24 @@ def draft_vocabulary(config: DraftVocabularyConfig, target: TargetContext, shipp
     else:
         raise ConfigError("draft_vocab: required with draft_vocab_size for a drafter of your own "
                           "(a token ranking written by `specdec train draft-vocab`)")
-    return kept_tokens(load_ranking(path, target.vocab_size), size, str(path))
+    return load_ranking(path, target.vocab_size), size, str(path)
+
+
+def draft_vocabulary(config: DraftVocabularyConfig, target: TargetContext, shipped: bool) -> torch.Tensor | None:
+    """The token ids the drafter may propose (in id order), or ``None`` for all of them (see
+    :func:`draft_ranking` for ``shipped``)."""
+    ranked = draft_ranking(config, target, shipped)
+    return None if ranked is None else kept_tokens(*ranked)
+
+
+def kept_rows(ranking: torch.Tensor, row_ids: torch.Tensor, draft_vocab_size: int, source: str) -> torch.Tensor:
+    """For a projection whose rows already stand for target ids ``row_ids`` (EAGLE-3's ``d2t``
+    draft vocabulary), the ``draft_vocab_size`` rows whose tokens rank highest, in row order."""
+    if draft_vocab_size > row_ids.numel():
+        raise ConfigError(f"draft_vocab_size: {draft_vocab_size} exceeds the drafter's own vocabulary of {row_ids.numel()} tokens")
+    rank = torch.empty(ranking.numel(), dtype=torch.long)
+    rank[ranking] = torch.arange(ranking.numel())
+    return rank[row_ids.cpu()].argsort(stable=True)[:draft_vocab_size].sort().values
 
 
 def save_ranking(path: Path, ranking: torch.Tensor, reply_counts: torch.Tensor, metadata: dict[str, str]) -> None:

@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from specdec import DraftingConfig
+from specdec import DraftingConfig, DraftVocabularyConfig
 
 #: The most draft tree nodes one step verifies (a bound on the target forward's width).
 MAX_TREE_NODES = 512
 SGLANG_NUM_DRAFT_TOKENS = "speculative_num_draft_tokens"
 
 
-class Eagle3DecodingConfig(DraftingConfig):
+class Eagle3DecodingConfig(DraftingConfig, DraftVocabularyConfig):
     """Draft with an EAGLE-3 head that reads the target's hidden states."""
 
     method_name: ClassVar[str] = "eagle3"

@@ -10,6 +10,7 @@ spells its options as SGLang does.
 from eagle3_tiny import fitted_head
 
 from specdec.testing.conformance import MethodConformance
+from specdec.testing.tiny import shuffled_ranking
 from specdec_eagle3 import Eagle3DecodingConfig, save_head
 
 
@@ -35,3 +36,16 @@ class TestEagle3TreeConformance(MethodConformance):
         save_head(head, tmp_path / "head", "safeailab")
         return {"decoding_type": "Eagle3", "speculative_model": str(tmp_path / "head"), "speculative_num_steps": 3,
                 "speculative_eagle_topk": 3, "speculative_num_draft_tokens": 9}
+
+
+class TestEagle3DraftVocabularyConformance(MethodConformance):
+    """A draft vocabulary over the head's own (d2t, 24 tokens): the 16 of them a shuffled ranking
+    puts first, for chains and EAGLE-2 trees; output stays the target's."""
+
+    def make_config(self, target, tmp_path):
+        head = fitted_head(target.model, (0, 1))
+        save_head(head, tmp_path / "head", "safeailab")
+        ranking = shuffled_ranking(target.model.config.vocab_size, tmp_path / "ranking.safetensors")
+        return {"decoding_type": "Eagle3", "speculative_model": str(tmp_path / "head"), "speculative_num_steps": 3,
+                "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 6, "draft_vocab": str(ranking),
+                "draft_vocab_size": 16}
