@@ -44,4 +44,12 @@ def test_same_name_from_two_plugins_is_an_error(contribute, capsys: pytest.Captu
     contribute("toy-head")
     contribute("toy-head")
     assert main(["train", "toy-head"]) == 2
-    assert "two plugins contribute the training command 'toy-head'" in capsys.readouterr().err
+    assert "the training command 'toy-head' is contributed twice" in capsys.readouterr().err
+
+
+def test_a_plugin_cannot_take_the_cores_draft_vocab_command(contribute, capsys: pytest.CaptureFixture[str]) -> None:
+    """`draft-vocab` belongs to the core (every drafter's draft vocabulary): a plugin contributing
+    a command of that name is an error, not a silent replacement."""
+    contribute("draft-vocab")
+    assert main(["train", "draft-vocab"]) == 2
+    assert "the training command 'draft-vocab' is contributed twice" in capsys.readouterr().err
