@@ -58,6 +58,6 @@ def test_kept_rows_narrow_a_drafters_own_vocabulary_by_rank():
 
     ranking = torch.tensor([7, 2, 9, 0, 4, 1, 3, 5, 6, 8])  # token 7 is used most
     row_ids = torch.tensor([1, 2, 4, 8, 9])
-    assert kept_rows(ranking, row_ids, 3, "test").tolist() == [1, 2, 4]  # tokens 2, 9, 4
+    assert kept_rows(ranking, row_ids, 3).tolist() == [1, 2, 4]  # tokens 2, 9, 4
     with pytest.raises(ConfigError, match="draft_vocab_size: 6 exceeds the drafter's own vocabulary of 5"):
-        kept_rows(ranking, row_ids, 6, "test")
+        kept_rows(ranking, row_ids, 6)

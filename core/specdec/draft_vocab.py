@@ -92,7 +92,7 @@ def draft_vocabulary(config: DraftVocabularyConfig, target: TargetContext, shipp
     return None if ranked is None else kept_tokens(*ranked)
 
 
-def kept_rows(ranking: torch.Tensor, row_ids: torch.Tensor, draft_vocab_size: int, source: str) -> torch.Tensor:
+def kept_rows(ranking: torch.Tensor, row_ids: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
     """For a projection whose rows already stand for target ids ``row_ids`` (EAGLE-3's ``d2t``
     draft vocabulary), the ``draft_vocab_size`` rows whose tokens rank highest, in row order."""
     if draft_vocab_size > row_ids.numel():

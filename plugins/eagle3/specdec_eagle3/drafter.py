@@ -110,7 +110,7 @@ class Eagle3Resources(HiddenStateResources):
         # smaller layer's saving went to the drafts it could no longer make).
         ranked = draft_ranking(config, target, shipped=config.speculative_model is None, shipped_size=None)
         if ranked is not None:
-            rows = kept_rows(ranked[0], self.draft_ids, *ranked[1:])
+            rows = kept_rows(ranked[0], self.draft_ids, ranked[1])
             self.head.lm_head = trimmed_projection(self.head.lm_head, rows)
             self.draft_ids = self.draft_ids[rows.to(self.draft_ids.device)]
             if config.eagle_topk > len(rows):
