@@ -11,7 +11,7 @@ from eagle3_tiny import fitted_head
 from torch.nn import functional as F
 
 from specdec import LLM, SamplingParams
-from specdec.draft_policy import ContextCost, ForwardCost
+from specdec.draft_policy import ContextCost, ForwardCost, StepTime
 from specdec.errors import ConfigError
 from specdec.testing import make_tiny_target
 from specdec_eagle3 import save_head
@@ -231,18 +231,27 @@ def test_adaptive_cuts_keep_trees_lossless(target, head_dir, expected) -> None:
     assert [o.token_ids for o in outputs] == [expected[t] for t in PROMPTS]
 
 
-def test_adaptive_policy_drafts_whole_trees(target, head_dir, expected, monkeypatch) -> None:
-    """The adaptive policy drafts a tree whole or not at all: when forwards wider than the tree's
-    depth cost half as much again, a chain of the same acceptance would be cut to that depth, but
-    the tree pays whole, so every tree gets all its nodes (or what the token budget leaves)."""
+@pytest.mark.parametrize("wide_cost", [1.0, 5.0])
+def test_adaptive_policy_keeps_the_tree_nodes_that_pay(target, head_dir, expected, monkeypatch, wide_cost: float) -> None:
+    """The adaptive policy sizes a tree by its nodes' acceptance against the cost of each verify
+    width. Where every width costs the same, every tree keeps all its nodes (or what the token
+    budget leaves). Where forwards wider than the tree's depth cost 5 times a one-token forward,
+    no tree goes past ``DEPTH`` nodes: at most ``DEPTH + 1`` tokens a step could pay for that
+    width, while the first nodes cost nothing. The output is plain decoding's either way."""
     proposals, _ = _recording(monkeypatch)
+    # The costs below stand: steps' measured times must not correct them toward this machine's.
+    monkeypatch.setattr(StepTime, "correct", lambda self, cost: cost)
     prompt = target.encode(PROMPTS[0])
     with LLM(target.model, _config(head_dir, adaptive_draft_len=True), tokenizer=target.tokenizer, max_batch_size=1) as llm:
-        step = ForwardCost([1.0] * (DEPTH + 1) + [1.5] * (NODES - DEPTH), base_seconds=1.0)
+        step = ForwardCost([1.0] * (DEPTH + 1) + [wide_cost] * (NODES - DEPTH), base_seconds=1.0)
         llm.engine.policy.forward_costs[1] = ContextCost((128, 1024), (step, step))
         output = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=32, ignore_eos=True))[0]
     assert output.token_ids == expected[PROMPTS[0]]
     assert len(proposals) > 3
     for tokens, _, budget, proposal in proposals:
-        assert budget == min(NODES, 32 - (len(tokens) - len(prompt)) - 1)
+        left = 32 - (len(tokens) - len(prompt)) - 1
+        if wide_cost == 1.0:
+            assert budget == min(NODES, left)
+        else:
+            assert 0 < budget <= min(DEPTH, left)
         assert len(proposal) == budget
