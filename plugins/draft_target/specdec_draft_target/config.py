@@ -23,6 +23,14 @@ class DraftTargetDecodingConfig(DraftingConfig, DraftVocabularyConfig):
             "the shipped SmolLM2 draft."
         ),
     )
+    parallel_drafting: bool | None = Field(
+        default=None,
+        description=(
+            "Draft every token of a step in one forward of the draft, from `max_draft_len - 1` mask tokens "
+            "(PARD, vLLM's `parallel_drafting`); the draft must be a PARD draft, whose config.json names its "
+            "mask token (`pard_token`). Unset: on exactly when the draft is one."
+        ),
+    )
     confidence_threshold: float = Field(
         default=0.0,
         ge=0.0,

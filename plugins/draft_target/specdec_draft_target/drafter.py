@@ -15,6 +15,14 @@ drafts the request really emitted and drops the rest, then drafts for every requ
   nothing needs its logits), ``k`` being the longest budget; rows with shorter budgets are
   padded and rolled back.
 
+A PARD draft (``mask_token`` given: AMD's parallel drafts, vLLM's ``parallel_drafting``) drafts
+the ``k`` tokens in that one forward instead: each row is fed its new tokens followed by
+``k - 1`` mask tokens, and the logits at the last new token and at the masks give drafts 1 to
+``k``, each from the row's real tokens alone. The masks' cache entries are rolled back at once,
+so a row only ever holds real tokens, and the next step feeds it the tokens the target emitted.
+Draft ``i`` is chosen from its own distribution, which does not depend on drafts before it,
+so sampled drafts are verified exactly as a chain's are.
+
 With a draft vocabulary (``draft_vocab_size``), the draft's output layer covers only the kept
 tokens: choices are made over them and mapped back to target ids, and sampled drafts report
 their probabilities over the target's vocabulary, zero for every token not kept.
@@ -63,16 +71,20 @@ class DraftModel:
 
     def __init__(self, model: PreTrainedModel, target_vocab_size: int, confidence_threshold: float = 0.0,
                  vocab: torch.Tensor | None = None, execution: str = "eager", max_rows: int = 1,
-                 max_model_len: int | None = None) -> None:
+                 max_model_len: int | None = None, mask_token: int | None = None, max_draft_len: int = 1) -> None:
         """``vocab``, when given, holds the only token ids the draft may propose (in id order):
         the output layer keeps only their rows (:mod:`specdec.draft_vocab`).
+        ``mask_token``, when given, drafts every token of a step in one forward (a PARD draft's
+        ``pard_token``); ``max_draft_len`` then sizes that forward.
         ``execution``, ``max_rows`` and ``max_model_len`` size and run the draft's batch cache
         as the target's (:class:`~specdec.runner.ModelRunner`): with CUDA graphs, a drafting
-        step's one-token forwards are captured for every batch size up to ``max_rows``."""
+        step's forwards are captured for every batch size up to ``max_rows``."""
         if vocab is not None:
             trim_output_layer(model, vocab)
         self.runner = ModelRunner(model, execution=execution, max_model_len=max_model_len)
-        self.runner.prepare(max_rows, 1)
+        self.mask_token = mask_token
+        # A parallel step feeds the accepted drafts, the target's token and k - 1 masks.
+        self.runner.prepare(max_rows, 2 * max_draft_len if mask_token is not None else 1)
         self.target_vocab_size = target_vocab_size
         self.vocab = vocab.to(self.runner.device) if vocab is not None else None
         self.confidence_threshold = confidence_threshold
@@ -119,36 +131,36 @@ class DraftModel:
             feed.append(new)
         if any(refed):
             self.cache.rollback_rows(refed)
-        if max(len(new) for new in feed) > 1:
-            # Rows behind by more than one token (drafting was paused for them) catch up first,
-            # timed apart: a steady drafting step feeds each row one token.
+        # Rows further behind than a steady step feeds (drafting was paused for them) catch up
+        # first, timed apart: a steady chain step feeds each row one token, a parallel one the
+        # accepted drafts and the target's token.
+        steady = 1 if self.mask_token is None else rounds + 1
+        if max(len(new) for new in feed) > steady:
             start = time.perf_counter()
-            self.runner.forward_rows(self.cache, [new[:-1] for new in feed])
+            self.runner.forward_rows(self.cache, [new[:-steady] for new in feed])
             self.sync_seconds += time.perf_counter() - start
-        outputs = self.runner.forward_rows(self.cache, [new[-1:] for new in feed])
-        logits = [self._draft_logits(out.logits[-1]) for out in outputs]
+            feed = [new[-steady:] for new in feed]
         for state, new in zip(states, feed):
             state.tokens.extend(new)
             state.committed = len(state.tokens)
+        if self.mask_token is None:
+            drafts, probs = self._draft_chains(requests, states, feed, budgets)
+        else:
+            drafts, probs = self._draft_parallel(requests, feed, budgets)
+        return [DraftProposal(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
+
+    def _draft_chains(self, requests: list[Request], states: list[DraftState], feed: list[list[int]],
+                      budgets: list[int]) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+        """Each row's drafts one forward at a time; the fed drafts stay pending in the rows."""
+        outputs = self.runner.forward_rows(self.cache, [new[-1:] for new in feed])
+        logits = [self._draft_logits(out.logits[-1]) for out in outputs]
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         fed = 0  # chain forwards run: each appended one token to every row
-        for step in range(rounds):
+        for step in range(max(budgets)):
             for b, request in enumerate(requests):
-                if step >= budgets[b]:
-                    continue
-                if request.params.greedy:
-                    choice = int(logits[b].argmax())
-                    if self.confidence_threshold and float(torch.softmax(logits[b], -1)[choice]) < self.confidence_threshold:
-                        budgets[b] = step + 1
-                    drafts[b].append(choice if self.vocab is None else int(self.vocab[choice]))
-                else:
-                    q = self._on_target_vocab(logits_to_probs(logits[b], request.params))
-                    choice = request.sample(q, offset=step)
-                    probs[b].append(q)
-                    if float(q[choice]) < self.confidence_threshold:
-                        budgets[b] = step + 1
-                    drafts[b].append(choice)
+                if step < budgets[b] and self._choose(request, logits[b], step, drafts[b], probs[b]):
+                    budgets[b] = step + 1
             if step + 1 >= max(budgets):
                 break
             # Rows whose budget is spent are fed a placeholder, rolled back below.
@@ -160,7 +172,38 @@ class DraftModel:
                 if step < budgets[b] - 1:
                     state.tokens.append(tokens[b])
         self.cache.rollback_rows([fed - max(len(d) - 1, 0) for d in drafts])
-        return [DraftProposal(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
+        return drafts, probs
+
+    def _draft_parallel(self, requests: list[Request], feed: list[list[int]],
+                        budgets: list[int]) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+        """Every row's drafts from one forward of its new tokens and ``budget - 1`` mask tokens."""
+        masks = [max(k - 1, 0) for k in budgets]
+        outputs = self.runner.forward_rows(self.cache, [new + [self.mask_token] * m for new, m in zip(feed, masks)])
+        self.cache.rollback_rows(masks)
+        drafts: list[list[int]] = [[] for _ in requests]
+        probs: list[list[torch.Tensor]] = [[] for _ in requests]
+        for b, (request, out) in enumerate(zip(requests, outputs)):
+            rows = out.logits[len(out.logits) - budgets[b]:]
+            for i in range(budgets[b]):
+                if self._choose(request, self._draft_logits(rows[i]), i, drafts[b], probs[b]):
+                    break
+        return drafts, probs
+
+    def _choose(self, request: Request, logits: torch.Tensor, offset: int, drafts: list[int],
+                probs: list[torch.Tensor]) -> bool:
+        """Append the request's next draft (and, sampled, its distribution over the target's
+        vocabulary) chosen from ``logits``; whether its chain ends there (confidence threshold)."""
+        if request.params.greedy:
+            choice = int(logits.argmax())
+            confidence = float(torch.softmax(logits, -1)[choice]) if self.confidence_threshold else 1.0
+            drafts.append(choice if self.vocab is None else int(self.vocab[choice]))
+        else:
+            q = self._on_target_vocab(logits_to_probs(logits, request.params))
+            choice = request.sample(q, offset=offset)
+            probs.append(q)
+            confidence = float(q[choice])
+            drafts.append(choice)
+        return confidence < self.confidence_threshold
 
     def release(self) -> None:
         self.cache = self.runner.new_batch_cache()

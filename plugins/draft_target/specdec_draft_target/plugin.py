@@ -41,6 +41,21 @@ def load_draft(config: DraftTargetDecodingConfig, target: TargetContext) -> Any:
     return model
 
 
+def mask_token(config: DraftTargetDecodingConfig, model: Any) -> int | None:
+    """The draft's PARD mask token when it drafts in parallel (``parallel_drafting``), else ``None``."""
+    token = getattr(model.config, "pard_token", None)
+    if config.parallel_drafting is False:
+        return None
+    if token is None:
+        if config.parallel_drafting:
+            raise ConfigError("parallel_drafting: the draft model is not a PARD draft (its config.json has no pard_token)")
+        return None
+    size = int(model.get_input_embeddings().weight.shape[0])
+    if not isinstance(token, int) or not 0 <= token < size:
+        raise ConfigError(f"parallel_drafting: the draft's pard_token {token!r} is not a token id below its vocabulary size {size}")
+    return token
+
+
 class DraftTargetResources(ResourceManager):
     """The draft model and its batched KV cache; each request's place in it is ``request.method_state``."""
 
@@ -79,8 +94,10 @@ def specdec_resource_manager(config: SpeculativeConfig, target: TargetContext) -
     if not isinstance(config, DraftTargetDecodingConfig):
         return None
     model = load_draft(config, target)
-    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold, draft_vocabulary(config, target, shipped=config.speculative_model is None),
-                         target.runner.execution, target.max_batch_size, target.runner.max_length)
+    drafter = DraftModel(model, target.vocab_size, config.confidence_threshold,
+                         draft_vocabulary(config, target, shipped=config.speculative_model is None),
+                         target.runner.execution, target.max_batch_size, target.runner.max_length,
+                         mask_token(config, model), config.max_draft_len)
     return DraftTargetResources(drafter)
 
 
