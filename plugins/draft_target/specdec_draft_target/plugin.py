@@ -129,5 +129,6 @@ def specdec_hf_generate_kwargs(config: SpeculativeConfig, target: TargetContext)
 @hookimpl
 def specdec_train_commands() -> list[click.Command]:
     from specdec_draft_target.train import train_draft
+    from specdec_draft_target.train_pard import train_pard
 
-    return [train_draft]
+    return [train_draft, train_pard]

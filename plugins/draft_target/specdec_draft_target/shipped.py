@@ -22,6 +22,10 @@ from specdec.models import DEFAULT_MODEL, cache_dir, default_model_dir
 
 WEIGHTS_FILE = Path(__file__).resolve().parent / "weights" / "smollm2-draft.safetensors"
 EMBEDDING = "model.embed_tokens.weight"
+#: A PARD draft's mask token embedding, in the shipped form (its metadata names the token).
+PARD_EMBEDDING = "pard_embedding"
+#: SmolLM2's ``<empty_output>``, a Jupyter token that chats never use: the shipped PARD draft's mask token.
+SHIPPED_MASK_TOKEN = 16
 
 
 def shipped_draft_dir(weights: Path = WEIGHTS_FILE) -> Path:
@@ -43,7 +47,8 @@ def assemble_draft(weights: Path, target_dir: Path, out_dir: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with safe_open(str(weights), "pt") as f:
-        num_layers = int((f.metadata() or {})["num_hidden_layers"])
+        metadata = f.metadata() or {}
+    num_layers = int(metadata["num_hidden_layers"])
     with safe_open(str(target_dir / "model.safetensors"), "pt") as f:
         embedding = f.get_tensor(EMBEDDING)
     config = AutoConfig.from_pretrained(target_dir)
@@ -52,6 +57,9 @@ def assemble_draft(weights: Path, target_dir: Path, out_dir: Path) -> None:
         config.layer_types = config.layer_types[:num_layers]
     state = {name: t.float() for name, t in load_file(str(weights)).items()}
     state[EMBEDDING] = embedding.float()
+    if "pard_token" in metadata:  # a PARD draft: its mask token's embedding was trained
+        config.pard_token, config.spd_type = int(metadata["pard_token"]), "pard"
+        state[EMBEDDING][config.pard_token] = state.pop(PARD_EMBEDDING)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
