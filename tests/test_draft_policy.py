@@ -306,6 +306,16 @@ def test_drafting_cost_counts_before_drafting():
     assert cost.best_length([half], [4], draft_cost=1.0) == 0
 
 
+def test_drafting_that_costs_per_step_keeps_longer_drafts():
+    """Weighed per drafted token, a drafter costing 0.2 forwards a token drafts 2 tokens at this
+    acceptance; one that drafts any length for 0.2 forwards a step (parallel drafting, whose
+    policy charges its measured step cost once, as a resume's setup is charged) drafts all 4."""
+    cost = ForwardCost([1.0, 1.0, 1.05, 1.1, 1.15], base_seconds=0.01)
+    est = estimate(*[(4, 1), (4, 2), (4, 0), (4, 1)] * 4)
+    assert cost.best_length([est], [4], draft_cost=0.2) == 2
+    assert cost.best_length([est], [4], setup_cost=0.2) == 4
+
+
 def test_paused_steps_fade_drafting_time_to_the_fastest_measured_not_to_zero():
     """Before a second measurement, paused steps fade the estimate toward zero (the first may have
     paid one-time setup); after it, toward the fastest measured step and never below it."""

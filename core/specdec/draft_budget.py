@@ -55,16 +55,21 @@ class DraftBudget:
     :param sync: waits for the device before a timer is read (CUDA), or ``None``.
     """
 
-    def __init__(self, runner: ModelRunner, config: SpeculativeConfig, sync: Callable[[], None] | None = None) -> None:
+    def __init__(self, runner: ModelRunner, config: SpeculativeConfig, sync: Callable[[], None] | None = None,
+                 draft_cost_per_token: bool = True) -> None:
         self.runner = runner
         self.config = config
         self.sync = sync
+        #: Whether drafting costs per drafted token, or per step whatever the length
+        #: (:attr:`~specdec.resources.ResourceManager.draft_cost_per_token`).
+        self.draft_cost_per_token = draft_cost_per_token
         self.adaptive = config.adaptive_draft_len and config.max_draft_tokens > 0
         #: Measured forward cost by batch size (adaptive draft length only).
         self.forward_costs: dict[int, ContextCost] = {}
         #: What verify steps really cost against the measured forward costs, by batch size.
         self.step_times: dict[int, StepTime] = {}
-        #: Drafting time per drafted token (per round: the longest proposal), by batch size.
+        #: Drafting time per drafted token (per round: the longest proposal), or per step for a
+        #: drafter whose cost does not grow with the length, by batch size.
         self.draft_time: dict[int, DraftTime] = {}
         #: The setup a drafting run pays when drafting resumes after a pause.
         self.resume_cost = ResumeCost(config.adaptive_window)
@@ -127,6 +132,8 @@ class DraftBudget:
         unit = plan.cost.base_seconds
         draft_cost = measured.seconds / unit if measured is not None and unit else 0.0
         setup_cost = self.resume_cost.seconds_per_step(rows) / unit if unit else 0.0
+        if not self.draft_cost_per_token:  # a step's drafting costs the same at any length
+            draft_cost, setup_cost = 0.0, setup_cost + draft_cost
         # A batch whose recent acceptance does not pay for the drafting and the wider forward
         # skips the drafter; a tree keeps the nodes that pay.
         keep = plan.cost.best_length(
@@ -146,7 +153,7 @@ class DraftBudget:
         if not longest:
             return proposals
         self.resume_cost.drafted(rows, setup_seconds)
-        per_token = (seconds - setup_seconds) / longest
+        per_token = (seconds - setup_seconds) / (longest if self.draft_cost_per_token else 1)
         if rows in self.draft_time:
             self.draft_time[rows].record(per_token)
         else:

@@ -81,7 +81,8 @@ class Engine:
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         runner.prepare(max_batch_size, config.max_draft_tokens + 1, show_progress=True)
-        self.policy = DraftBudget(runner, config, self._sync)
+        per_token = self.resource_manager is None or self.resource_manager.draft_cost_per_token
+        self.policy = DraftBudget(runner, config, self._sync, per_token)
         self.waiting: deque[Request] = deque()
         #: The batch, row for row with the cache; a finished request keeps its row until the
         #: next step gives it to a newcomer or drops it.

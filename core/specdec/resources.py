@@ -42,6 +42,12 @@ class ResourceManager:
     ``LLM`` closes. After ``release`` the manager holds no tensors or models.
     """
 
+    #: Whether a drafting step costs about the same per drafted token (a chain drafted one
+    #: forward per token: the default), or the same whatever the number of drafts (``False``: a
+    #: drafter that proposes every token of a step in one forward, as parallel drafting does).
+    #: The engine's adaptive policy weighs each draft length by it.
+    draft_cost_per_token: bool = True
+
     def __init__(self) -> None:
         self.released = False
 

@@ -62,6 +62,8 @@ class DraftTargetResources(ResourceManager):
     def __init__(self, drafter: DraftModel) -> None:
         super().__init__()
         self.drafter: DraftModel | None = drafter
+        # A PARD draft proposes a step's tokens in one forward, whatever their number.
+        self.draft_cost_per_token = drafter.mask_token is None
 
     def add_request(self, request: Request) -> None:
         request.method_state = self.drafter.add(request)

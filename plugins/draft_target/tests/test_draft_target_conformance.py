@@ -100,6 +100,7 @@ class TestParallelDraftingConformance(MethodConformance):
         calls: list[list[list[int]]] = []
         with LLM(target.model, fixed_draft_len(config), tokenizer=target.tokenizer) as spec:
             drafter: DraftModel = spec.engine.resource_manager.drafter
+            assert not spec.engine.policy.draft_cost_per_token  # one forward a step, whatever its length
             forward = drafter.runner.forward_rows
             drafter.runner.forward_rows = lambda cache, rows, *a: calls.append(rows) or forward(cache, rows, *a)
             spec.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=24, ignore_eos=True))

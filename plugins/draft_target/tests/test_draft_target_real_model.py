@@ -18,11 +18,13 @@ CONFIG = {"method": "draft_model", "num_speculative_tokens": 4, "adaptive_draft_
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.95, seed=0)],
                          ids=["greedy", "seeded"])
-@pytest.mark.parametrize("options", [{}, {"confidence_threshold": 0.4}, {"draft_vocab_size": 49152}], ids=str)
+@pytest.mark.parametrize("options", [{}, {"confidence_threshold": 0.4}, {"draft_vocab_size": 49152},
+                                     {"parallel_drafting": False}], ids=str)
 def test_shipped_draft_is_lossless(plain: LLM, options: dict, sampling: SamplingParams) -> None:
-    """With the shipped draft's defaults (over the 8,192 tokens its replies use most), with chains
-    cut at the draft's low-confidence tokens (``confidence_threshold``), and over the full
-    vocabulary: plain decoding's output, greedy and sampled with a seed."""
+    """With the shipped draft's defaults (a PARD draft drafting in parallel, over the 8,192 tokens
+    its replies use most), with chains cut at the draft's low-confidence tokens
+    (``confidence_threshold``), over the full vocabulary, and drafting autoregressively: plain
+    decoding's output, greedy and sampled with a seed."""
     config = {**CONFIG, **options}
     expected, alone, batched = outputs_alone_and_batched(plain, config, ["writing", "coding"], sampling=sampling)
     assert [o.token_ids for o in alone] == expected
