@@ -1,0 +1,67 @@
+"""Options with vLLM's names and defaults (``method: suffix``)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import AliasChoices, Field, model_validator
+
+from specdec import DraftingConfig
+
+
+class SuffixDecodingConfig(DraftingConfig):
+    """Draft what followed the context's longest matching suffix in this request or in recent outputs."""
+
+    method_name: ClassVar[str] = "suffix"
+
+    max_draft_len: int = Field(
+        default=24,
+        ge=1,
+        le=64,
+        validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
+        description=(
+            "Most draft tokens per step (vLLM `num_speculative_tokens`, which for suffix decoding defaults to "
+            "the tree depth). A short match drafts fewer (`suffix_decoding_max_spec_factor`)."
+        ),
+    )
+    suffix_decoding_max_tree_depth: int = Field(
+        default=24, ge=1, le=256,
+        description="Longest suffix matched, and the depth of the trees that store the tokens.",
+    )
+    suffix_decoding_max_cached_requests: int = Field(
+        default=10000, ge=0,
+        description="Finished requests whose outputs the global tree keeps, oldest evicted first; 0 turns it off.",
+    )
+    suffix_decoding_max_cached_tokens: int = Field(
+        default=200_000, ge=0,
+        description=(
+            "The most output tokens of finished requests the global tree keeps, oldest evicted first: it bounds "
+            "the cache's memory (each token adds up to `suffix_decoding_max_tree_depth` tree nodes)."
+        ),
+    )
+    suffix_decoding_max_spec_factor: float = Field(
+        default=1.0, ge=0.0,
+        description="A match of m tokens drafts at most max_spec_factor * m + max_spec_offset tokens.",
+    )
+    suffix_decoding_max_spec_offset: float = Field(
+        default=0.0,
+        description="Added to max_spec_factor * m (arctic-inference's `max_spec_offset`).",
+    )
+    suffix_decoding_min_token_prob: float = Field(
+        default=0.1, ge=0.0, le=1.0,
+        description="Draft only tokens whose estimated probability (their path's frequency share) is at least this.",
+    )
+    suffix_decoding_tree_spec: bool = Field(
+        default=True,
+        description=(
+            "Draft a tree (the most probable continuations, best first) for greedy and seeded requests; a chain "
+            "(the most probable path) otherwise. Sampled requests without a seed always get a chain."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _draft_within_depth(self) -> SuffixDecodingConfig:
+        if self.max_draft_len > self.suffix_decoding_max_tree_depth and not self.suffix_decoding_tree_spec:
+            raise ValueError("max_draft_len (num_speculative_tokens): a chain cannot be longer than "
+                             "suffix_decoding_max_tree_depth")
+        return self
