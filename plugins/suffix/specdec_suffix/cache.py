@@ -18,15 +18,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from specdec_suffix.tree import Draft, Node, SuffixTree
+from specdec_suffix.tree import Draft, SuffixTree
 
 
 @dataclass
 class _Running:
     tree: SuffixTree
     #: The request's frontier in its own tree, and (once it has output) in the global tree.
-    local: list[Node]
-    shared: list[Node] | None
+    local: list[int]
+    shared: list[int] | None
     output: list[int] = field(default_factory=list)
 
 
@@ -83,15 +83,15 @@ class SuffixCache:
         state = self._running[request_id]
         # The request's own frontier already holds the nodes of its last tokens; the global
         # tree is searched for them.
-        candidates = [state.local[1:]]
+        candidates = [(state.tree, state.local[1:])]
         if self.global_tree is not None:
-            candidates.append(self.global_tree.matches(context[-self.depth :]))
-        for nodes in candidates:
+            candidates.append((self.global_tree, self.global_tree.matches(context[-self.depth :])))
+        for source, nodes in candidates:
             for length, node in enumerate(nodes, 1):
                 budget = min(max_tokens, int(length * max_spec_factor + max_spec_offset + 1e-6))
-                if budget <= 0 or not node.children:
+                if budget <= 0 or not source.children(node):
                     continue
-                draft = SuffixTree.speculate(node, budget, min_token_prob, tree)
+                draft = source.speculate(node, budget, min_token_prob, tree)
                 if draft.score > best.score:
                     draft.match_len = length
                     best = draft

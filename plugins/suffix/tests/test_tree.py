@@ -22,11 +22,11 @@ def substrings(sequences: list[list[int]], depth: int) -> dict[tuple[int, ...], 
 
 
 def tree_counts(tree: SuffixTree) -> dict[tuple[int, ...], int]:
-    counts, stack = {}, [((), tree.root)]
+    counts, stack = {}, [((), 0)]
     while stack:
         path, node = stack.pop()
-        for token, child in node.children.items():
-            counts[path + (token,)] = child.count
+        for token, child in tree.children(node).items():
+            counts[path + (token,)] = tree.count(child)
             stack.append((path + (token,), child))
     return counts
 
@@ -40,7 +40,7 @@ def test_counts_every_substring_up_to_the_depth_added_in_pieces() -> None:
         cut = len(seq) // 3
         frontier = tree.extend(frontier, seq[:cut])
         frontier = tree.extend(frontier, seq[cut:])
-        assert frontier[-1] is tree.matches(seq)[-1]  # the frontier holds the sequence's last suffixes
+        assert frontier[-1] == tree.matches(seq)[-1]  # the frontier holds the sequence's last suffixes
     assert tree_counts(tree) == substrings(sequences, 5)
     assert tree.num_nodes == 1 + len(substrings(sequences, 5))
 
@@ -56,13 +56,13 @@ def test_removing_sequences_leaves_the_others() -> None:
     assert tree_counts(tree) == substrings([sequences[0], sequences[2]], 6)
     tree.remove(sequences[0])
     tree.remove(sequences[2])
-    assert tree.num_nodes == 1 and not tree.root.children and tree.root.count == 0
+    assert tree.num_nodes == 1 and not tree.children(0) and tree.count(0) == 0
 
 
 def test_matches_are_the_suffixes_that_occur() -> None:
     tree = SuffixTree(4)
     tree.extend(tree.frontier(), [1, 2, 3, 4, 5])
-    assert [n.count for n in tree.matches([9, 2, 3])] == [1, 1]  # "3", "2 3"; "9 2 3" never occurred
+    assert [tree.count(n) for n in tree.matches([9, 2, 3])] == [1, 1]  # "3", "2 3"; "9 2 3" never occurred
     assert tree.matches([7]) == []
     assert len(tree.matches([1, 2, 3, 4, 5])) == 4  # no deeper than the tree
 
@@ -73,11 +73,11 @@ def test_chain_follows_the_most_frequent_path_while_probable() -> None:
     for seq in ([1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 9]):
         tree.extend(tree.frontier(), seq)
     node = tree.matches([1])[0]
-    draft = SuffixTree.speculate(node, 5, 0.0, tree=False)
+    draft = tree.speculate(node, 5, 0.0, tree=False)
     assert draft.token_ids == [2, 3] and draft.parents == [-1, 0]
     assert draft.probs == pytest.approx([0.75, 0.75])
-    assert SuffixTree.speculate(node, 5, 0.8, tree=False).token_ids == []
-    assert SuffixTree.speculate(node, 1, 0.0, tree=False).token_ids == [2]
+    assert tree.speculate(node, 5, 0.8, tree=False).token_ids == []
+    assert tree.speculate(node, 1, 0.0, tree=False).token_ids == [2]
 
 
 def test_tree_adds_the_most_probable_nodes_first() -> None:
@@ -85,10 +85,10 @@ def test_tree_adds_the_most_probable_nodes_first() -> None:
     for seq in ([1, 2, 3], [1, 2, 3], [1, 2, 4], [1, 9, 5]):
         tree.extend(tree.frontier(), seq)
     node = tree.matches([1])[0]
-    draft = SuffixTree.speculate(node, 10, 0.0, tree=True)
+    draft = tree.speculate(node, 10, 0.0, tree=True)
     # 2 (.75), 3 (.5), 9 (.25), 4 (.25), 5 (.25): ties keep the order they were reached in
     assert draft.token_ids == [2, 3, 9, 4, 5]
     assert draft.parents == [-1, 0, -1, 0, 2]
     assert draft.probs == pytest.approx([0.75, 0.5, 0.25, 0.25, 0.25])
-    assert SuffixTree.speculate(node, 10, 0.3, tree=True).token_ids == [2, 3]
-    assert SuffixTree.speculate(node, 2, 0.0, tree=True).token_ids == [2, 3]
+    assert tree.speculate(node, 10, 0.3, tree=True).token_ids == [2, 3]
+    assert tree.speculate(node, 2, 0.0, tree=True).token_ids == [2, 3]
