@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from specdec import LLM, SamplingParams
@@ -14,8 +15,24 @@ from specdec.static_cache import StaticKVCache
 PROMPTS = ["hello world, hello", "abc abd abe ab", "one two three, one two", "the cat sat on the mat. the cat"]
 
 
-def test_draft_model_on_the_static_path_drafts_as_eagerly(tiny, small_draft_dir: Path, device: torch.device) -> None:
-    config = {"method": "draft_target", "speculative_model": str(small_draft_dir), "max_draft_len": 3,
+@pytest.fixture(scope="module")
+def pard_draft_dir(tiny, small_draft_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small draft as a PARD draft (drafting every token of a step in one wider forward)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(small_draft_dir)
+    model.config.pard_token = 3
+    path = tmp_path_factory.mktemp("pard_draft")
+    model.save_pretrained(path)
+    tiny.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("draft", ["chain", "parallel"])
+def test_draft_model_on_the_static_path_drafts_as_eagerly(tiny, small_draft_dir: Path, pard_draft_dir: Path, draft: str,
+                                                          device: torch.device) -> None:
+    directory = small_draft_dir if draft == "chain" else pard_draft_dir
+    config = {"method": "draft_target", "speculative_model": str(directory), "max_draft_len": 3,
               "adaptive_draft_len": False}
     prompts = [{"prompt_token_ids": tiny.encode(p)} for p in PROMPTS]
     modes = ["static", "cuda_graph"] if device.type == "cuda" else ["static"]
