@@ -111,20 +111,22 @@ def run_benchmark(
     """Every turn in every mode; ``eager`` (plain decoding with every forward eager) times what
     the captured forwards of ``plain`` and ``spec`` gain, ``hf_static`` transformers' plain
     decoding with a static cache (compiled, on CUDA)."""
-    runners: dict[str, Callable[[list[int]], Run]] = {
-        PLAIN: lambda ids: _run_llm(plain, ids, params),
-        SPEC: lambda ids: _run_llm(spec, ids, params),
+    runners: dict[str, Callable[[list[int], SamplingParams], Run]] = {
+        PLAIN: lambda ids, p: _run_llm(plain, ids, p),
+        SPEC: lambda ids, p: _run_llm(spec, ids, p),
     }
     if hf is not None:
-        runners[HF] = lambda ids: hf.generate(ids, params.max_tokens)
+        runners[HF] = lambda ids, p: hf.generate(ids, p.max_tokens)
     if eager is not None:
-        runners[EAGER] = lambda ids: _run_llm(eager, ids, params)
+        runners[EAGER] = lambda ids, p: _run_llm(eager, ids, p)
     if hf_static is not None:
-        runners[HF_STATIC] = lambda ids: hf_static.generate(ids, params.max_tokens)
+        runners[HF_STATIC] = lambda ids, p: hf_static.generate(ids, p.max_tokens)
     spec.warmup()
+    # A few tokens only: a drafter that remembers earlier outputs (suffix decoding, a public
+    # n-gram pool) must not meet the first question's answer before it is timed.
     warm = plain.encode(questions[0].turns[0], chat=True)
     for run in runners.values():
-        run(warm[: max(len(warm) // 2, 1)])
+        run(warm[: max(len(warm) // 2, 1)], params.model_copy(update={"max_tokens": 8}))
 
     results = []
     order = list(runners)
@@ -135,7 +137,7 @@ def run_benchmark(
             prompt_ids = plain.encode(messages, chat=True)
             rounds = []
             for round_ in range(repeats):
-                runs = {mode: runners[mode](prompt_ids) for mode in order}
+                runs = {mode: runners[mode](prompt_ids, params) for mode in order}
                 # Rotate which mode goes first so drift in machine speed does not favour one.
                 order = order[1:] + order[:1]
                 rounds.append(TurnResult(q.question_id, q.category, turn, runs, round_))
