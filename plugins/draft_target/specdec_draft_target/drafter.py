@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specdec import DraftProposal, Request, logits_to_probs
+from specdec import DraftProposal, Request, pick_drafts
 from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
 from specdec.draft_vocab import trim_output_layer
@@ -153,13 +153,18 @@ class DraftModel:
                       budgets: list[int]) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
         """Each row's drafts one forward at a time; the fed drafts stay pending in the rows."""
         outputs = self.runner.forward_rows(self.cache, [new[-1:] for new in feed])
-        logits = [self._draft_logits(out.logits[-1]) for out in outputs]
+        logits = [out.logits[-1] for out in outputs]
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         fed = 0  # chain forwards run: each appended one token to every row
         for step in range(max(budgets)):
-            for b, request in enumerate(requests):
-                if step < budgets[b] and self._choose(request, logits[b], step, drafts[b], probs[b]):
+            live = [b for b in range(len(requests)) if step < budgets[b]]
+            picks = self._pick([requests[b] for b in live], [logits[b] for b in live], [step] * len(live))
+            for b, (token, dist, ends) in zip(live, picks):
+                drafts[b].append(token)
+                if dist is not None:
+                    probs[b].append(dist)
+                if ends:
                     budgets[b] = step + 1
             if step + 1 >= max(budgets):
                 break
@@ -167,7 +172,7 @@ class DraftModel:
             tokens = [d[step] if step < len(d) else 0 for d in drafts]
             outputs = self.runner.forward_rows(self.cache, [[t] for t in tokens])
             fed += 1
-            logits = [self._draft_logits(out.logits[-1]) for out in outputs]
+            logits = [out.logits[-1] for out in outputs]
             for b, state in enumerate(states):
                 if step < budgets[b] - 1:
                     state.tokens.append(tokens[b])
@@ -180,30 +185,36 @@ class DraftModel:
         masks = [max(k - 1, 0) for k in budgets]
         outputs = self.runner.forward_rows(self.cache, [new + [self.mask_token] * m for new, m in zip(feed, masks)])
         self.cache.rollback_rows(masks)
+        owners = [b for b, k in enumerate(budgets) for _ in range(k)]
+        offsets = [i for k in budgets for i in range(k)]
+        rows = [outputs[b].logits[len(outputs[b].logits) - budgets[b] + i] for b, i in zip(owners, offsets)]
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
-        for b, (request, out) in enumerate(zip(requests, outputs)):
-            rows = out.logits[len(out.logits) - budgets[b]:]
-            for i in range(budgets[b]):
-                if self._choose(request, self._draft_logits(rows[i]), i, drafts[b], probs[b]):
-                    break
+        ended: set[int] = set()
+        for b, (token, dist, ends) in zip(owners, self._pick([requests[b] for b in owners], rows, offsets)):
+            if b in ended:
+                continue
+            drafts[b].append(token)
+            if dist is not None:
+                probs[b].append(dist)
+            if ends:
+                ended.add(b)
         return drafts, probs
 
-    def _choose(self, request: Request, logits: torch.Tensor, offset: int, drafts: list[int],
-                probs: list[torch.Tensor]) -> bool:
-        """Append the request's next draft (and, sampled, its distribution over the target's
-        vocabulary) chosen from ``logits``; whether its chain ends there (confidence threshold)."""
-        if request.params.greedy:
-            choice = int(logits.argmax())
-            confidence = float(torch.softmax(logits, -1)[choice]) if self.confidence_threshold else 1.0
-            drafts.append(choice if self.vocab is None else int(self.vocab[choice]))
-        else:
-            q = self._on_target_vocab(logits_to_probs(logits, request.params))
-            choice = request.sample(q, offset=offset)
-            probs.append(q)
-            confidence = float(q[choice])
-            drafts.append(choice)
-        return confidence < self.confidence_threshold
+    def _pick(self, requests: list[Request], logits: list[torch.Tensor],
+              offsets: list[int]) -> list[tuple[int, torch.Tensor | None, bool]]:
+        """Per row of ``logits``: its request's draft (a target id; :func:`specdec.pick_drafts`),
+        the distribution it was sampled from (``None`` for greedy), and whether the request's
+        chain ends there (the draft gave it less than the confidence threshold)."""
+        if not logits:
+            return []
+        rows = torch.stack([self._draft_logits(row) for row in logits])
+        picks = pick_drafts(rows, requests, offsets, self.vocab, self.target_vocab_size)
+        if not self.confidence_threshold:
+            return [(token, dist, False) for token, dist in picks]
+        confidence = torch.softmax(rows.float(), -1).amax(-1).tolist()
+        return [(token, dist, (c if dist is None else float(dist[token])) < self.confidence_threshold)
+                for (token, dist), c in zip(picks, confidence)]
 
     def release(self) -> None:
         self.cache = self.runner.new_batch_cache()
@@ -289,11 +300,3 @@ class DraftModel:
         if logits.shape[-1] >= n:
             return logits[:n]
         return torch.nn.functional.pad(logits, (0, n - logits.shape[-1]), value=float("-inf"))
-
-    def _on_target_vocab(self, probs: torch.Tensor) -> torch.Tensor:
-        """Draft probabilities over the target's vocabulary (zero for tokens the draft cannot propose)."""
-        if self.vocab is None:
-            return probs
-        full = probs.new_zeros(self.target_vocab_size)
-        full[self.vocab] = probs
-        return full
