@@ -33,7 +33,7 @@ from specdec.models import load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
 from specdec.training.conversations import Example, chat_token_ids, tokenize_all
 from specdec.training.synthesize import prompt_turns, read_conversations
-from specdec_draft_target.shipped import EMBEDDING, WEIGHTS_FILE
+from specdec_draft_target.shipped import EMBEDDING, PARD_EMBEDDING, WEIGHTS_FILE
 
 
 def tokenize(records: list[dict[str, Any]], tokenizer: Any, max_length: int, prompts_only: bool = False) -> list[Example]:
@@ -94,6 +94,8 @@ def load_trained(draft: torch.nn.Module, weights: Path, layers: list[int]) -> in
     if meta.get("source_layers") != ",".join(map(str, layers)):
         raise ConfigError(f"--init: {weights} was trained from target layers {meta.get('source_layers')}, "
                           f"not --layers {','.join(map(str, layers))}")
+    # A PARD draft's mask embedding (the shipped draft's) is no part of an autoregressive draft.
+    state.pop(PARD_EMBEDDING, None)
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if unexpected or set(missing) - {EMBEDDING, "lm_head.weight"}:
         raise ConfigError(f"--init: {weights} does not fit this target's draft (missing {sorted(missing)[:3]}, "

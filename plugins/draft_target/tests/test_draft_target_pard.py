@@ -122,7 +122,8 @@ def test_a_draft_that_is_not_pard_needs_a_mask_token(files: dict, capsys: pytest
 
 def test_shipped_form_assembles_into_the_pard_draft(tmp_path: Path) -> None:
     """The shipped form (trained layers, norm, the mask token's embedding; pard_token in the
-    metadata) plus the target's embedding assembles into the exported PARD checkpoint's draft."""
+    metadata) plus the target's embedding assembles into the exported PARD checkpoint's draft,
+    and `specdec train draft --init` can continue from it."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
@@ -151,3 +152,6 @@ def test_shipped_form_assembles_into_the_pard_draft(tmp_path: Path) -> None:
     ids = torch.tensor([[5, 6, 7, MASK, MASK]])
     with torch.no_grad():
         torch.testing.assert_close(assembled(ids).logits, exported(ids).logits, atol=0.05, rtol=0.05)
+    # `specdec train draft --init` continues it as an autoregressive draft (the mask embedding left out).
+    from specdec_draft_target.train import load_trained
+    load_trained(build_draft(target, [0, 2]), tmp_path / "pard" / SHIPPED_FORM, [0, 2])
