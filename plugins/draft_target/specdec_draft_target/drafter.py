@@ -139,10 +139,10 @@ class DraftModel:
             start = time.perf_counter()
             self.runner.forward_rows(self.cache, [new[:-steady] for new in feed])
             self.sync_seconds += time.perf_counter() - start
-            feed = [new[-steady:] for new in feed]
         for state, new in zip(states, feed):
             state.tokens.extend(new)
             state.committed = len(state.tokens)
+        feed = [new[-steady:] for new in feed]
         if self.mask_token is None:
             drafts, probs = self._draft_chains(requests, states, feed, budgets)
         else:
