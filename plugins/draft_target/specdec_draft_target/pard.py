@@ -87,8 +87,9 @@ class PardDraft(nn.Module):
         embeds = self.draft.get_input_embeddings()(input_ids[:, position])
         is_mask = (copy > 0)[None, :, None]
         embeds = torch.where(is_mask, self.mask_embedding.to(embeds.dtype), embeds)
-        bias = torch.zeros(layout.visibility().shape, dtype=embeds.dtype)
-        bias.masked_fill_(~layout.visibility(), torch.finfo(embeds.dtype).min)
+        visible = layout.visibility()
+        bias = torch.zeros(visible.shape, dtype=embeds.dtype)
+        bias.masked_fill_(~visible, torch.finfo(embeds.dtype).min)
         batch = input_ids.shape[0]
         out = self.draft.model(inputs_embeds=embeds, attention_mask=bias.to(device)[None, None].expand(batch, 1, -1, -1),
                                position_ids=position[None].expand(batch, -1), use_cache=False)

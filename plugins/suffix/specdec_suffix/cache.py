@@ -24,7 +24,7 @@ from specdec_suffix.tree import Draft, SuffixTree
 @dataclass
 class _Running:
     tree: SuffixTree
-    #: The request's frontier in its own tree, and (once it has output) in the global tree.
+    #: The request's frontier in its own tree, and in the global tree (``None`` without one).
     local: list[int]
     shared: list[int] | None
     output: list[int] = field(default_factory=list)
