@@ -6,8 +6,7 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, Field
 
-from specdec import DraftingConfig
-from specdec.draft_vocab import DraftVocabularyConfig
+from specdec import DraftingConfig, DraftVocabularyConfig
 
 
 class DraftTargetDecodingConfig(DraftingConfig, DraftVocabularyConfig):

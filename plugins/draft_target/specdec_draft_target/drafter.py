@@ -50,10 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from specdec import DraftProposal, Request, pick_drafts
-from specdec.kv_cache import BatchKVCache
-from specdec.runner import ModelRunner
-from specdec.draft_vocab import trim_output_layer
+from specdec import BatchKVCache, DraftProposal, ModelRunner, Request, pick_drafts, trim_output_layer
 
 
 @dataclass

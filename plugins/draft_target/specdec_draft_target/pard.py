@@ -29,8 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specdec.training.state import Scores
-from specdec.training.vocabulary import TrainingVocabulary, projection
+from specdec.training import Scores, TrainingVocabulary, projection
 
 
 @dataclass

@@ -14,10 +14,11 @@ from specdec import (
     ResourceManager,
     SpeculativeConfig,
     TargetContext,
+    draft_vocabulary,
     hookimpl,
+    is_default_model,
+    load_model,
 )
-from specdec.draft_vocab import draft_vocabulary
-from specdec.models import is_default_model, load_model
 from specdec_draft_target.config import DraftTargetDecodingConfig
 from specdec_draft_target.drafter import DraftModel
 from specdec_draft_target.shipped import shipped_draft_dir

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.errors import ModelLoadError
-from specdec.models import DEFAULT_MODEL, cache_dir, default_model_dir
+from specdec import DEFAULT_MODEL, ModelLoadError, cache_dir, default_model_dir
 
 WEIGHTS_FILE = Path(__file__).resolve().parent / "weights" / "smollm2-draft.safetensors"
 EMBEDDING = "model.embed_tokens.weight"

@@ -28,11 +28,8 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specdec.errors import ConfigError
-from specdec.models import load_model, resolve_device, resolve_dtype
-from specdec.progress import Progress
-from specdec.training.conversations import Example, chat_token_ids, tokenize_all
-from specdec.training.synthesize import prompt_turns, read_conversations
+from specdec import ConfigError, Progress, load_model, resolve_device, resolve_dtype
+from specdec.training import Example, chat_token_ids, prompt_turns, read_conversations, tokenize_all
 from specdec_draft_target.shipped import EMBEDDING, PARD_EMBEDDING, WEIGHTS_FILE
 
 

@@ -21,14 +21,25 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specdec.cli.training import DTYPES, check_options, fit_options, run_training, saved_state, trainer_options, training_inputs
-from specdec.errors import ConfigError
-from specdec.models import load_model
-from specdec.training.batching import collate, conversation_lengths
-from specdec.training.distributed import World, sum_across
-from specdec.training.reporting import per_output
-from specdec.training.state import STATE_FILE, Scores, TrainingOptions
-from specdec.training.vocabulary import TrainingVocabulary
+from specdec import ConfigError, load_model
+from specdec.training import (
+    DTYPES,
+    STATE_FILE,
+    Scores,
+    TrainingOptions,
+    TrainingVocabulary,
+    World,
+    check_options,
+    collate,
+    conversation_lengths,
+    fit_options,
+    per_output,
+    run_training,
+    saved_state,
+    sum_across,
+    trainer_options,
+    training_inputs,
+)
 from specdec_draft_target.pard import PardDraft, pard_layout, pard_loss
 from specdec_draft_target.shipped import EMBEDDING, PARD_EMBEDDING, SHIPPED_MASK_TOKEN, WEIGHTS_FILE, shipped_draft_dir
 from specdec_draft_target.vocab import check_same_tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdec.errors import ConfigError
+from specdec import ConfigError
 
 
 def check_same_tokenizer(draft_tokenizer: Any, target_tokenizer: Any, draft_vocab_size: int, target_vocab_size: int,

@@ -39,7 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from specdec.errors import ConfigError, ModelLoadError
+from specdec import ConfigError, ModelLoadError
 from specdec_eagle3.compat import check_target
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.errors import ConfigError, ModelLoadError
+from specdec import ConfigError, ModelLoadError
 from specdec_eagle3.head import Eagle3HeadConfig
 
 

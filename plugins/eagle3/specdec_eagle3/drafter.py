@@ -35,25 +35,27 @@ import torch
 from torch.nn import functional as F
 
 from specdec import (
+    ConfigError,
     DraftProposal,
     HiddenStateResources,
+    RaggedDraftBatch,
     Request,
+    RequestKV,
     TargetContext,
+    TreeCandidates,
     VerifyResult,
+    draft_ranking,
+    drafter_checkpoint,
+    kept_rows,
     pick_drafts,
     prepack_linears,
+    trimmed_projection,
 )
 from specdec_eagle3.checkpoint import load_head
 from specdec_eagle3.compat import resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
-from specdec.draft_vocab import draft_ranking, kept_rows, trimmed_projection
-from specdec.errors import ConfigError
-from specdec.kv_cache import RaggedDraftBatch, RequestKV
-from specdec.models import drafter_checkpoint
 from specdec_eagle3.head import HeadCache
-from specdec.trees import TreeCandidates
 from specdec_eagle3.tree import frontier_mask
-
 
 #: The head trained for the default target by ``specdec train eagle3`` (see docs/eagle3.md).
 SHIPPED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-eagle3"

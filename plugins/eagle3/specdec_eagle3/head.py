@@ -33,8 +33,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from specdec import grouped_query_attention
-from specdec.kv_cache import RequestKV
+from specdec import RequestKV, grouped_query_attention
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from specdec.errors import ConfigError, ModelLoadError
+from specdec import ConfigError, ModelLoadError
 from specdec_medusa.heads import MedusaHeads
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin")

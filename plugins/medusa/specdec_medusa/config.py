@@ -11,8 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
-from specdec import DraftingConfig
-from specdec.draft_vocab import DraftVocabularyConfig
+from specdec import DraftingConfig, DraftVocabularyConfig
 from specdec_medusa.choices import MC_SIM_7B_63, cut_to_depth, expand_choices
 
 #: The most draft tree nodes one step verifies (a bound on the target forward's width).

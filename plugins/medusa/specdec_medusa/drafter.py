@@ -32,12 +32,12 @@ from specdec import (
     Request,
     TargetContext,
     VerifyResult,
+    draft_vocabulary,
+    drafter_checkpoint,
+    parents_of_paths,
     pick_drafts,
     prepack_linears,
 )
-from specdec.draft_vocab import draft_vocabulary
-from specdec.models import drafter_checkpoint
-from specdec.trees import parents_of_paths
 from specdec_medusa.checkpoint import load_heads
 from specdec_medusa.config import MedusaDecodingConfig
 

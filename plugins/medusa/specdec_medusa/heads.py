@@ -11,8 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specdec.draft_vocab import full_logits, trimmed_projection
-from specdec.errors import ConfigError
+from specdec import ConfigError, full_logits, trimmed_projection
 
 
 class ResidualBlock(nn.Module):

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec import DraftProposal, Request, VerifyResult, greedy_tokens, logits_to_probs
-from specdec.trees import node_depths, path_to
+from specdec import DraftProposal, Request, VerifyResult, greedy_tokens, logits_to_probs, node_depths, path_to
 
 #: Medusa's guard inside the entropy's logarithm.
 ENTROPY_EPS = 1e-5

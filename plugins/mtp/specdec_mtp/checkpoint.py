@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from transformers import PretrainedConfig
 
-from specdec.errors import ModelLoadError
+from specdec import ModelLoadError
 from specdec_mtp.layer import MTPLayer
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -30,17 +30,19 @@ from pathlib import Path
 import torch
 
 from specdec import (
+    ConfigError,
     DraftProposal,
     HiddenStateResources,
     Request,
     TargetContext,
     VerifyResult,
+    draft_vocabulary,
+    drafter_checkpoint,
+    is_default_model,
     pick_drafts,
     prepack_linears,
+    trimmed_projection,
 )
-from specdec.draft_vocab import draft_vocabulary, trimmed_projection
-from specdec.errors import ConfigError
-from specdec.models import drafter_checkpoint, is_default_model
 from specdec_mtp.checkpoint import load_mtp_layers
 from specdec_mtp.config import MTPDecodingConfig
 from specdec_mtp.layer import LatentCache, MTPLayer, block_classes

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from specdec.errors import ModelLoadError
-from specdec.kv_cache import RequestKV
+from specdec import ModelLoadError, RequestKV
 
 
 class LatentCache(RequestKV):

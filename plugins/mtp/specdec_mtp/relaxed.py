@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from specdec import ConfigError, DraftProposal, Request, VerifyResult, logits_to_probs
-from specdec.verify import verify_requests
+from specdec import ConfigError, DraftProposal, Request, VerifyResult, logits_to_probs, verify_requests
 
 #: The tokens that open and close a thinking span by default, when the tokenizer has them.
 DEFAULT_THINKING_TOKENS = ("<think>", "</think>")

@@ -13,17 +13,20 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from specdec.errors import ConfigError
-from specdec.models import load_model, resolve_device, resolve_dtype
-from specdec.progress import Progress
-from specdec.training.distributed import every_rank, join, leave
-from specdec.training.examples import ExampleDataset, load_examples
-from specdec.training.token_frequency import coverage, token_counts
+from specdec import ConfigError, Progress, load_model, resolve_device, resolve_dtype
+from specdec.training import ExampleDataset, coverage, every_rank, join, leave, load_examples, token_counts
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
 from specdec_eagle3.training.dump import DumpDataset, check_same_target, write_dump
-from specdec_eagle3.training.loop import (FitOptions, StepReport, export, fit, new_head, with_draft_vocabulary,
-                                          with_more_layers)
+from specdec_eagle3.training.loop import (
+    FitOptions,
+    StepReport,
+    export,
+    fit,
+    new_head,
+    with_draft_vocabulary,
+    with_more_layers,
+)
 from specdec_eagle3.training.sources import OfflineTarget, OnlineTarget
 from specdec_eagle3.training.vocab import calibrate
 

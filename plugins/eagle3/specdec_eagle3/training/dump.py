@@ -30,9 +30,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specdec.errors import ConfigError
-from specdec.training.batching import pad
-from specdec.training.conversations import Example
+from specdec import ConfigError
+from specdec.training import Example, pad
 
 FORMAT = "specdec-eagle3-dump"
 VERSION = 1

@@ -10,10 +10,17 @@ from typing import Any, Literal
 import torch
 from transformers import LlamaConfig
 
-from specdec.errors import ConfigError
-from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
-from specdec.training.distributed import World, average_gradients, broadcast_parameters, sum_across
-from specdec.training.schedule import warmup_cosine
+from specdec import ConfigError
+from specdec.training import (
+    LengthGroupedBatches,
+    World,
+    average_gradients,
+    broadcast_parameters,
+    collate,
+    conversation_lengths,
+    sum_across,
+    warmup_cosine,
+)
 from specdec_eagle3.checkpoint import save_head
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 from specdec_eagle3.training.ttt import TTTResult, agreement, chain_walk, ttt_forward

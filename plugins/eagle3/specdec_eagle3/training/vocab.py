@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.errors import ConfigError
-from specdec.training.token_frequency import frequency_ranking
+from specdec import ConfigError
+from specdec.training import frequency_ranking
 
 
 def calibrate(assistant_counts: torch.Tensor, all_counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import click
 
-from specdec.cli.training import (DEFAULT_BASE, DTYPES, check_options, fit_options, run_training, saved_state,
-                                  trainer_options, training_inputs)
-from specdec.training.reporting import per_output
-from specdec.training.state import STATE_FILE
-from specdec.training.target import FrozenTarget
+from specdec.training import (
+    DEFAULT_BASE,
+    DTYPES,
+    STATE_FILE,
+    FrozenTarget,
+    check_options,
+    fit_options,
+    per_output,
+    run_training,
+    saved_state,
+    trainer_options,
+    training_inputs,
+)
 from specdec_medusa.training.loop import Evaluation, FitOptions, MedusaTrainee, describe_shape, heads_shape
 from specdec_medusa.training.model import export, new_heads
 

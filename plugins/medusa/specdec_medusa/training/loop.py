@@ -13,12 +13,9 @@ from typing import Any
 
 import torch
 
-from specdec.training.batching import collate, conversation_lengths
-from specdec.training.distributed import World, sum_across
-from specdec.training.state import TrainingOptions
+from specdec.training import TrainingOptions, TrainingVocabulary, World, collate, conversation_lengths, sum_across
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
-from specdec.training.vocabulary import TrainingVocabulary
 from specdec_medusa.training.objective import HeadScores, chain_acceptance, medusa_loss
 
 

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from specdec.training.state import Scores
-from specdec.training.vocabulary import TrainingVocabulary, projection
+from specdec.training import Scores, TrainingVocabulary, projection
 from specdec_medusa.heads import MedusaHeads
 
 

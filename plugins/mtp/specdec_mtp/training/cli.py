@@ -7,11 +7,19 @@ from pathlib import Path
 
 import click
 
-from specdec.cli.training import (DEFAULT_BASE, DTYPES, check_options, fit_options, run_training, saved_state,
-                                  trainer_options, training_inputs)
-from specdec.errors import ConfigError
-from specdec.training.reporting import per_output
-from specdec.training.state import STATE_FILE
+from specdec import ConfigError
+from specdec.training import (
+    DEFAULT_BASE,
+    DTYPES,
+    STATE_FILE,
+    check_options,
+    fit_options,
+    per_output,
+    run_training,
+    saved_state,
+    trainer_options,
+    training_inputs,
+)
 from specdec_mtp.training.loop import Evaluation, FitOptions, MTPTarget, MTPTrainee, describe_shape, layers_shape
 from specdec_mtp.training.model import export, export_into_target_copy, new_layers, start_from
 

@@ -12,11 +12,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec.training.batching import collate, conversation_lengths
-from specdec.training.distributed import World, sum_across
-from specdec.training.state import TrainingOptions
-from specdec.training.target import FrozenTarget
-from specdec.training.vocabulary import TrainingVocabulary
+from specdec.training import (
+    FrozenTarget,
+    TrainingOptions,
+    TrainingVocabulary,
+    World,
+    collate,
+    conversation_lengths,
+    sum_across,
+)
 from specdec_mtp.training.model import trainable_state
 from specdec_mtp.training.objective import DepthScores, mtp_loss
 

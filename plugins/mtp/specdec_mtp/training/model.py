@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specdec.errors import ConfigError, ModelLoadError
+from specdec import ConfigError, ModelLoadError
 from specdec_mtp.checkpoint import INDEX_FILE, load_mtp_layers, mtp_layer_tensors
 from specdec_mtp.layer import MTPLayer
 
