@@ -114,6 +114,7 @@ def test_unknown_method_lists_installed_methods(registry):
         ({"method": "ngram", "num_speculative_tokens": 0}, "speculative_config.num_speculative_tokens"),
         ({"decoding_type": "ngram", "is_public_pool": "maybe"}, "speculative_config.is_public_pool"),
         ({"decoding_type": "none", "max_draft_len": 2}, "speculative_config.max_draft_len"),
+        ({"method": "ngram", "use_sa_spec": True, "sa_spec_threshold": 0}, "speculative_config.sa_spec_threshold"),
     ],
 )
 def test_bad_field_value_names_the_field(value, field, registry):
@@ -129,6 +130,12 @@ def test_cross_field_check_is_a_config_error(registry):
     """A model-level check (prompt_lookup_min > prompt_lookup_max) is also a ConfigError."""
     with pytest.raises(ConfigError, match="^speculative_config: .*prompt_lookup_min must not exceed"):
         parse_speculative_config({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, registry)
+
+
+def test_suffix_drafts_need_a_method_that_drafts(registry):
+    """``use_sa_spec`` on plain decoding is refused by name, pointing to the suffix method."""
+    with pytest.raises(ConfigError, match="^speculative_config: .*use_sa_spec: needs a method that drafts.*'suffix'"):
+        parse_speculative_config({"method": "none", "use_sa_spec": True}, registry)
 
 
 def test_unknown_extra_field_is_refused_by_name(registry):

@@ -62,3 +62,26 @@ def test_batched_ngram_greedy_is_lossless(plain: LLM, ngram: LLM) -> None:
     outputs = ngram.generate(prompts, params, chat=True)
     assert [o.token_ids for o in outputs] == expected
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+
+
+#: Chat prompts whose replies quote them, so suffix matches come long.
+QUOTING = ["Repeat this line exactly: the quick brown fox jumps over the lazy dog, then the dog sleeps.",
+           "Copy this list: apples, pears, plums, cherries, grapes, lemons, limes, figs, dates, kiwis."]
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp", "medusa", "draft_target"])
+def test_suffix_drafts_over_each_learned_method_are_lossless(plain: LLM, method: str) -> None:
+    """``use_sa_spec`` over each shipped drafter: on replies that quote their prompt, long matches
+    take suffix drafts and the rest the method's, and greedy output, alone and batched, is plain
+    decoding's token for token."""
+    params = SamplingParams(max_tokens=32)
+    expected = [plain.generate(p, params, chat=True)[0].token_ids for p in QUOTING]
+    config = {"method": method, "use_sa_spec": True, "num_speculative_tokens": 3, "adaptive_draft_len": False}
+    with LLM(plain.model, config, tokenizer=plain.tokenizer) as llm:
+        alone = [llm.generate(p, params, chat=True)[0] for p in QUOTING]
+        batched = llm.generate(QUOTING, params, chat=True)
+        taken = llm.engine.suffix_drafts.taken
+    assert [o.token_ids for o in alone] == expected
+    assert [o.token_ids for o in batched] == expected
+    drafts = sum(o.metrics.num_drafts for o in [*alone, *batched])
+    assert 0 < taken < drafts, f"{taken} suffix drafts in {drafts} drafting steps: both kinds are needed"

@@ -26,6 +26,7 @@ from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import HiddenStateResources, ResourceManager, TargetContext
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
+from specdec.suffix import SuffixCache
 from specdec.trees import TreeCandidates, node_depths, parents_of_paths, path_to
 from specdec.verify import verify_requests
 
@@ -55,6 +56,7 @@ __all__ = [
     "SamplingParams",
     "SpecdecError",
     "SpeculativeConfig",
+    "SuffixCache",
     "TargetContext",
     "TreeCandidates",
     "UnknownMethodError",

@@ -67,9 +67,24 @@ class SpeculativeConfig(BaseModel):
             "batches of 1-4, 2 for 5-8, 1 for 9-32 and none above 32."
         ),
     )
+    use_sa_spec: bool = Field(
+        default=False,
+        description=(
+            "Take the suffix draft instead of the method's when the request's last sa_spec_threshold or more "
+            "tokens occurred before, in its prompt and output or in a recent request's output (TensorRT-LLM "
+            "`use_sa_spec`): the method drafts nothing for it that step."
+        ),
+    )
+    sa_spec_threshold: int = Field(
+        default=4, ge=1, le=24,
+        description="The shortest match, in tokens, whose suffix draft replaces the method's (TensorRT-LLM's name).",
+    )
 
     @model_validator(mode="after")
     def _check_dynamic_controls(self) -> SpeculativeConfig:
+        if self.use_sa_spec and self.max_draft_tokens == 0:
+            raise ValueError("use_sa_spec: needs a method that drafts (max_draft_len > 0); "
+                             "for suffix drafts alone, use the method 'suffix'")
         if self.draft_len_schedule is not None:
             if self.max_concurrency is not None:
                 raise ValueError(

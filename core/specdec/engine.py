@@ -30,6 +30,7 @@ from specdec.resources import TargetContext
 from specdec.runner import ModelRunner
 from specdec.sampling import PositionNoise, SamplingParams, invalid_logits, logits_to_probs
 from specdec.stopping import StopChecker, eos_token_ids
+from specdec.suffix import SuffixDrafts
 from specdec.verify import target_picks
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ class Engine:
         runner.prepare(max_batch_size, config.max_draft_tokens + 1, show_progress=True)
         per_token = self.resource_manager is None or self.resource_manager.draft_cost_per_token
         self.policy = DraftBudget(runner, config, self._sync, per_token)
+        self.suffix_drafts = SuffixDrafts(config.sa_spec_threshold) if config.use_sa_spec else None
         self.waiting: deque[Request] = deque()
         #: The batch, row for row with the cache; a finished request keeps its row until the
         #: next step gives it to a newcomer or drops it.
@@ -322,6 +324,8 @@ class Engine:
     def _release(self, request: Request) -> None:
         """Drop what an added request holds: its target output and the method's state for it."""
         request.target_output = None
+        if self.suffix_drafts is not None:
+            self.suffix_drafts.stop(request)
         if self.resource_manager is not None:
             try:
                 self.resource_manager.free_request(request)
@@ -365,11 +369,13 @@ class Engine:
             request.max_draft_len = budget
         proposals = [DraftProposal() for _ in batch]
         if plan.drafts:
+            suffix = self._suffix_drafts(batch, plan.budgets)
             setup = self.resource_manager.setup_seconds()
             proposals = self._draft(batch)
-            batch, proposals = self._survivors(batch, proposals)
+            batch, proposals, suffix = self._survivors(batch, proposals, suffix)
             setup = self.resource_manager.setup_seconds() - setup
             proposals = self.policy.drafted(plan, batch, proposals, time.perf_counter() - step_start, setup)
+            proposals = [p if s is None else s for p, s in zip(proposals, suffix)]
             if not batch:
                 return
         drafted = time.perf_counter()
@@ -445,6 +451,17 @@ class Engine:
         if isinstance(exc, SpecdecError):
             return str(exc)
         return f"method {self.method.name!r} failed in {hook}: {type(exc).__name__}: {exc}"
+
+    def _suffix_drafts(self, batch: list[Request], budgets: list[int]) -> list[DraftProposal | None]:
+        """With ``use_sa_spec``, the suffix draft of each request whose match is long enough, at
+        most as long as its method drafts in a step; its method drafts nothing for it this step."""
+        if self.suffix_drafts is None:
+            return [None] * len(batch)
+        proposals = self.suffix_drafts.propose(batch, [min(b, self.config.max_draft_len) for b in budgets])
+        for request, proposal in zip(batch, proposals):
+            if proposal is not None:
+                request.max_draft_len = 0
+        return proposals
 
     def _draft(self, batch: list[Request]) -> list[DraftProposal]:
         def call(rows: list[int]) -> list[DraftProposal]:

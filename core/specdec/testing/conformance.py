@@ -87,6 +87,14 @@ def fixed_draft_len(config: SpeculativeConfig | dict[str, Any]) -> SpeculativeCo
     return config.model_copy(update={"adaptive_draft_len": False})
 
 
+def with_suffix_drafts(config: SpeculativeConfig | dict[str, Any], threshold: int = 2) -> SpeculativeConfig | dict[str, Any]:
+    """``config`` taking suffix drafts over the method's where the match is long (``use_sa_spec``)."""
+    update = {"use_sa_spec": True, "sa_spec_threshold": threshold}
+    if isinstance(config, dict):
+        return {**config, **update}
+    return config.model_copy(update=update)
+
+
 def setup_seconds_by_phase(llm: LLM, first: list[int], second: list[int], steady_steps: int = 3) -> list[float]:
     """The method's ``setup_seconds`` after each phase of a run on ``llm``'s engine: request
     ``first`` joins and takes one step, then ``steady_steps`` steps, then request ``second`` joins
@@ -114,6 +122,9 @@ class MethodConformance:
     num_samples: int = 2000
     sample_length: int = 4
     sampling = SamplingParams(temperature=1.0, top_k=3, max_tokens=4)
+    #: Requests the sampled-distribution tests decode together: a wide batch costs a tiny model
+    #: little more per step than one request, so the samples come in far fewer steps.
+    sample_batch_size: int = 64
 
     def make_config(self, target: TinyTarget, tmp_path: Path) -> SpeculativeConfig | dict[str, Any]:
         raise NotImplementedError
@@ -180,7 +191,7 @@ class MethodConformance:
         batches), counted; and the metrics. Seeded: each request has its own seed."""
         observed: dict[tuple[int, ...], int] = {}
         params = self.sampling.model_copy(update={"max_tokens": self.sample_length, "ignore_eos": True})
-        llm = LLM(target.model, config, tokenizer=target.tokenizer)
+        llm = LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=self.sample_batch_size)
         try:
             if seeded:
                 outputs = llm.generate(
@@ -257,6 +268,31 @@ class MethodConformance:
             llm.close()
         assert [o.token_ids for o in outputs] == expected
         assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0, "no draft was accepted in the batch"
+
+    def test_suffix_drafts_over_the_method_stay_lossless(
+        self, target: TinyTarget, config: Any, plain: LLM, prompts: list[list[int]]
+    ) -> None:
+        """With ``use_sa_spec``, steps whose match is long take the suffix draft and the others the
+        method's, and the method's state follows: greedy output batched and alone, and seeded
+        sampled output batched, are plain decoding's token for token (fp32)."""
+        requests = [{"prompt_token_ids": ids} for ids in prompts]
+        greedy = [SamplingParams(max_tokens=12 + 5 * i) for i in range(len(prompts))]
+        seeded = [self.sampling.model_copy(update={"max_tokens": 24, "ignore_eos": True, "seed": 2000 + i})
+                  for i in range(len(prompts))]
+        expected_greedy = [o.token_ids for o in plain.generate(requests, greedy)]
+        expected_seeded = [o.token_ids for o in plain.generate(requests, seeded)]
+        with LLM(target.model, fixed_draft_len(with_suffix_drafts(config)), tokenizer=target.tokenizer,
+                 max_batch_size=3) as llm:
+            batched = llm.generate(requests, greedy)
+            taken = llm.engine.suffix_drafts.taken
+            alone = [llm.generate(r, p)[0].token_ids for r, p in zip(requests, greedy)]
+            sampled = [o.token_ids for o in llm.generate(requests, seeded)]
+        assert [o.token_ids for o in batched] == expected_greedy
+        assert alone == expected_greedy
+        assert sampled == expected_seeded
+        drafts = sum(o.metrics.num_drafts for o in batched)
+        assert 0 < taken < drafts, f"{taken} of {drafts} drafts were suffix drafts: the test needs both kinds"
+        assert sum(o.metrics.num_accepted_tokens for o in batched) > 0
 
     def test_logprobs_equal_plain_decodings(self, plain: LLM, spec: LLM, prompts: list[list[int]]) -> None:
         """Each output token's log-probability and the top 3 at its position are plain decoding's

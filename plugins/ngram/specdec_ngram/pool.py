@@ -18,6 +18,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+#: One n-gram's candidates in insertion order, keyed by ``(id(sequence), end)`` so that evicting
+#: a sequence removes each of its candidates in O(1), however many other sequences share the
+#: n-gram (a list would be rewritten once per shared n-gram: quadratic in repeated prompts).
+Candidates = dict[tuple[int, int], tuple["_Sequence", int]]
+
 
 @dataclass
 class _Sequence:
@@ -35,7 +40,7 @@ class NGramPool:
     max_draft_len: int = 4
     #: Finished sequences whose candidates stay after :meth:`forget`, oldest evicted first (None: all).
     max_cached_sequences: int | None = None
-    _table: dict[tuple[int, ...], list[tuple[_Sequence, int]]] = field(default_factory=dict)
+    _table: dict[tuple[int, ...], Candidates] = field(default_factory=dict)
     _sequences: dict[int, _Sequence] = field(default_factory=dict)
     _finished: deque[_Sequence] = field(default_factory=deque)
 
@@ -95,38 +100,31 @@ class NGramPool:
 
     def _evict(self, seq: _Sequence) -> None:
         """Drop every candidate of ``seq``, visiting the n-grams it indexed (read from its tokens)."""
-        tokens = seq.tokens
-        ngrams = {
-            tuple(tokens[end - n : end])
-            for end in range(1, seq.indexed)
-            for n in range(self.min_n, min(self.max_n, end) + 1)
-        }
-        for ngram in ngrams:
-            candidates = self._table.get(ngram)
-            if candidates is None:
-                continue
-            candidates[:] = [c for c in candidates if c[0] is not seq]
-            if not candidates:
-                del self._table[ngram]
+        tokens, key = seq.tokens, id(seq)
+        for end in range(1, seq.indexed):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                ngram = tuple(tokens[end - n : end])
+                candidates = self._table.get(ngram)
+                if candidates is not None and candidates.pop((key, end), None) is not None and not candidates:
+                    del self._table[ngram]
 
     def _insert(self, ngram: tuple[int, ...], seq: _Sequence, end: int) -> None:
         candidates = self._table.get(ngram)
         if candidates is None:
-            self._table[ngram] = [(seq, end)]
-        elif self.keep_all:
-            candidates.append((seq, end))
-        else:
+            candidates = self._table[ngram] = {}
+        elif not self.keep_all and len(candidates) == 2:
             # Keep one candidate: the largest, i.e. the one with the longest continuation. A newer
             # occurrence waits beside it until its continuation is as long, then replaces it.
-            if len(candidates) == 2:
-                candidates[:] = [self._largest(candidates)]
-            candidates.append((seq, end))
+            largest = self._largest(candidates)
+            candidates.clear()
+            candidates[id(largest[0]), largest[1]] = largest
+        candidates[id(seq), end] = (seq, end)
 
-    def _choose(self, candidates: list[tuple[_Sequence, int]]) -> tuple[_Sequence, int]:
+    def _choose(self, candidates: Candidates) -> tuple[_Sequence, int]:
         if not self.keep_all:
             return self._largest(candidates)
-        return candidates[0] if self.use_oldest else candidates[-1]
+        return next(iter(candidates.values())) if self.use_oldest else next(reversed(candidates.values()))
 
-    def _largest(self, candidates: list[tuple[_Sequence, int]]) -> tuple[_Sequence, int]:
+    def _largest(self, candidates: Candidates) -> tuple[_Sequence, int]:
         # Later entries win ties: among equally long continuations the newest is kept.
-        return max(reversed(candidates), key=lambda c: min(len(c[0].tokens) - c[1], self.max_draft_len))
+        return max(reversed(candidates.values()), key=lambda c: min(len(c[0].tokens) - c[1], self.max_draft_len))

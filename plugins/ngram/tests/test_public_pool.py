@@ -49,7 +49,7 @@ def test_public_pool_memory_stays_flat_and_output_lossless(kept: int):
             longest = max(len(p["prompt_token_ids"]) for p in prompts) + MAX_TOKENS
             assert pool.num_sequences == kept
             assert pool.num_candidates <= kept * longest * 3  # n-gram sizes 1-3 at each position
-            referenced = {id(seq) for candidates in pool._table.values() for seq, _ in candidates}
+            referenced = {id(seq) for candidates in pool._table.values() for seq, _ in candidates.values()}
             assert referenced == {id(seq) for seq in pool._finished}
             gc.collect()
             assert all(ref() is None for ref in earlier), "an evicted sequence is still referenced"

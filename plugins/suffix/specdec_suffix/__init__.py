@@ -1,7 +1,7 @@
-"""Suffix decoding (SuffixDecoding, arXiv 2411.04975; vLLM's ``method: suffix``) for specdec."""
+"""Suffix decoding (SuffixDecoding, arXiv 2411.04975; vLLM's ``method: suffix``) for specdec.
 
-from specdec_suffix.cache import SuffixCache
+The trees and their cache are the core's (``specdec.SuffixCache``), shared with ``use_sa_spec``."""
+
 from specdec_suffix.config import SuffixDecodingConfig
-from specdec_suffix.tree import SuffixTree
 
-__all__ = ["SuffixCache", "SuffixDecodingConfig", "SuffixTree"]
+__all__ = ["SuffixDecodingConfig"]

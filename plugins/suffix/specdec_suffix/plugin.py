@@ -9,11 +9,11 @@ from specdec import (
     Request,
     ResourceManager,
     SpeculativeConfig,
+    SuffixCache,
     TargetContext,
     VerifyResult,
     hookimpl,
 )
-from specdec_suffix.cache import SuffixCache
 from specdec_suffix.config import SuffixDecodingConfig
 
 

@@ -3,7 +3,7 @@ length's bound, and first-in-first-out eviction by requests and by tokens."""
 
 from __future__ import annotations
 
-from specdec_suffix import SuffixCache
+from specdec.suffix import SuffixCache
 
 
 def run(cache: SuffixCache, request_id: int, prompt: list[int], output: list[int]) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from specdec_suffix.tree import Draft, SuffixTree
+from specdec.suffix.tree import Draft, SuffixTree
 
 
 @dataclass
@@ -44,6 +44,10 @@ class SuffixCache:
     @property
     def num_cached_requests(self) -> int:
         return len(self._cached)
+
+    def __contains__(self, request_id: int) -> bool:
+        """Whether ``request_id`` is running here (started and not yet stopped)."""
+        return request_id in self._running
 
     def start(self, request_id: int, prompt: list[int]) -> None:
         tree = SuffixTree(self.depth)
@@ -75,8 +79,9 @@ class SuffixCache:
             self.cached_tokens -= len(oldest)
 
     def speculate(self, request_id: int, context: list[int], max_tokens: int, max_spec_factor: float,
-                  max_spec_offset: float, min_token_prob: float, tree: bool) -> Draft:
-        """The best draft after ``context`` (the request's tokens) over both trees and every match length."""
+                  max_spec_offset: float, min_token_prob: float, tree: bool, min_match_len: int = 1) -> Draft:
+        """The best draft after ``context`` (the request's tokens) over both trees and every match
+        length from ``min_match_len`` up."""
         best = Draft()
         if max_tokens <= 0:
             return best
@@ -87,7 +92,7 @@ class SuffixCache:
         if self.global_tree is not None:
             candidates.append((self.global_tree, self.global_tree.matches(context[-self.depth :])))
         for source, nodes in candidates:
-            for length, node in enumerate(nodes, 1):
+            for length, node in enumerate(nodes[min_match_len - 1 :], min_match_len):
                 budget = min(max_tokens, int(length * max_spec_factor + max_spec_offset + 1e-6))
                 if budget <= 0 or not source.children(node):
                     continue

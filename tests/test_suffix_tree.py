@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from specdec_suffix import SuffixTree
+from specdec.suffix import SuffixTree
 
 
 def substrings(sequences: list[list[int]], depth: int) -> dict[tuple[int, ...], int]:

@@ -1,0 +1,56 @@
+"""Suffix drafts over any method: TensorRT-LLM's ``use_sa_spec`` / ``sa_spec_threshold``.
+
+A step's request whose last ``sa_spec_threshold`` or more tokens occurred before (in its own
+prompt and output, or in a recent request's output) takes the chain that followed them instead
+of its method's draft, within the same budget, and its method drafts nothing for it that step.
+A long match is where a copy beats any model's guess (code edits, retries, quoted context), and
+the suffix draft costs microseconds where a model's costs forwards. The drafts come from the
+same trees, bounds and defaults as the ``suffix`` method (vLLM's). They are chains with no draft
+distribution: verification treats them as certain, so sampled output stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specdec.requests import DraftProposal, Request
+from specdec.suffix.cache import SuffixCache
+
+#: vLLM's suffix decoding defaults: tree depth, cached requests, least estimated token probability.
+DEPTH, MAX_CACHED_REQUESTS, MIN_TOKEN_PROB = 24, 10000, 0.1
+#: The most output tokens of finished requests the global tree keeps (the suffix method's default).
+MAX_CACHED_TOKENS = 200_000
+
+
+class SuffixDrafts:
+    """The engine's suffix trees for ``use_sa_spec``: one per running request, plus the global one."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.cache = SuffixCache(DEPTH, MAX_CACHED_REQUESTS, MAX_CACHED_TOKENS)
+        #: Proposals taken from the suffix trees so far.
+        self.taken = 0
+
+    def propose(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[DraftProposal | None]:
+        """Per request, the suffix chain of at most its budget when its match is long enough;
+        ``None`` where its method drafts."""
+        proposals: list[DraftProposal | None] = []
+        for request, budget in zip(batch, budgets):
+            proposals.append(self._propose(request, budget) if budget > 0 else None)
+        return proposals
+
+    def _propose(self, request: Request, budget: int) -> DraftProposal | None:
+        rid, prompt_len = request.request_id, request.num_prompt_tokens
+        if rid not in self.cache:
+            self.cache.start(rid, request.token_ids[:prompt_len])
+        self.cache.extend(rid, request.token_ids, prompt_len)
+        draft = self.cache.speculate(rid, request.token_ids, budget, 1.0, 0.0, MIN_TOKEN_PROB, tree=False,
+                                     min_match_len=self.threshold)
+        if not draft.token_ids:
+            return None
+        self.taken += 1
+        return DraftProposal(draft.token_ids)
+
+    def stop(self, request: Request) -> None:
+        """The request finished: its tree goes, its output joins the global tree."""
+        self.cache.stop(request.request_id)
