@@ -19,3 +19,18 @@ def test_mt_bench_names_spec_benchs_eight_conversation_categories():
 def test_an_unknown_category_names_the_groups_too():
     with pytest.raises(ConfigError, match=r"--categories: unknown poetry; .* \(and the groups mt_bench\)"):
         load_questions("spec_bench", ["poetry"])
+
+
+def test_code_edits_quote_library_functions_whole():
+    """The bundled code-edit set: three kinds of edit on the same ten standard-library functions,
+    each prompt quoting its function's whole source (what the reply rewrites)."""
+    questions = load_questions("code_edits")
+    assert len(questions) == 30
+    by_kind = {}
+    for q in questions:
+        kind, function = q.question_id.split("/")
+        assert q.category == kind and len(q.turns) == 1
+        assert "```python\ndef " in q.turns[0] and q.turns[0].rstrip().endswith("```")
+        by_kind.setdefault(kind, []).append(function)
+    assert sorted(by_kind) == ["rename", "strip_docs", "type_hints"]
+    assert by_kind["rename"] == by_kind["strip_docs"] == by_kind["type_hints"] and len(set(by_kind["rename"])) == 10

@@ -10,7 +10,8 @@ from pathlib import Path
 from specdec.errors import ConfigError
 
 #: Prompt sets shipped with specdec (evaluation only: never train on them).
-BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/question.jsonl"}
+BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/question.jsonl",
+           "code_edits": "code_edits/question.jsonl"}
 
 #: Names for groups of Spec-Bench's categories: its multi-turn conversation part is MT-Bench's
 #: eight categories, 10 prompts each.
@@ -34,7 +35,7 @@ def load_questions(dataset: str, categories: list[str] | None = None, per_catego
         try:
             text = Path(dataset).read_text()
         except OSError as exc:
-            raise ConfigError(f"--dataset: cannot read {dataset!r} ({exc.strerror}); use spec_bench, humaneval or a jsonl file") from None
+            raise ConfigError(f"--dataset: cannot read {dataset!r} ({exc.strerror}); use {', '.join(BUNDLED)} or a jsonl file") from None
         except UnicodeDecodeError:
             raise ConfigError(f"--dataset: {dataset!r} is not UTF-8 text") from None
     source = dataset

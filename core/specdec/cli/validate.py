@@ -100,7 +100,7 @@ def _row(m: RequestMetrics) -> dict[str, Any]:
 @method_options
 @model_options
 @click.option("--dataset", default="spec_bench", show_default=True,
-              help="spec_bench, humaneval, a Spec-Bench-format jsonl or a conversations jsonl.")
+              help="spec_bench, humaneval, code_edits, a Spec-Bench-format jsonl or a conversations jsonl.")
 @click.option("--categories", default=None, help="Comma-separated categories (default: all).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="Prompts per category (default: all).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=1, show_default=True, help="Turns per Spec-Bench question.")
