@@ -85,3 +85,18 @@ def shuffled_ranking(vocab_size: int, path: Any) -> Any:
     ranking = torch.randperm(vocab_size, generator=torch.Generator().manual_seed(0))
     save_ranking(path, ranking, torch.zeros(vocab_size, dtype=torch.long), {})
     return path
+
+
+@torch.no_grad()
+def target_text(model: torch.nn.Module, num: int, length: int, generator: torch.Generator,
+                prompt_len: int = 6) -> torch.Tensor:
+    """``num`` sequences ``model`` writes (``length`` tokens after a random prompt of ``prompt_len``):
+    half greedy, half sampled from its top 3. What a drafter is fitted to in tests, so its drafts
+    are right often but not always."""
+    ids = torch.randint(3, model.config.vocab_size, (num, prompt_len), generator=generator)
+    for _ in range(length):
+        top = model(ids).logits[:, -1].topk(3, dim=-1)
+        sampled = top.indices.gather(-1, torch.multinomial(top.values.softmax(-1), 1, generator=generator))
+        greedy = (torch.arange(num) % 2 == 0)[:, None]
+        ids = torch.cat([ids, torch.where(greedy, top.indices[:, :1], sampled)], dim=1)
+    return ids

@@ -15,6 +15,7 @@ import copy
 import torch
 from transformers import LlamaConfig
 
+from specdec.testing.tiny import target_text
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 
 
@@ -42,22 +43,6 @@ def head_config(
         layers_to_capture=layers,
         num_layers=num_layers,
     )
-
-
-@torch.no_grad()
-def _target_text(target_model: torch.nn.Module, num: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """``num`` sequences the target writes from random prompts: half greedy, half top-3 sampled."""
-    vocab = target_model.config.vocab_size
-    ids = torch.randint(3, vocab, (num, 6), generator=generator)
-    for _ in range(length):
-        logits = target_model(ids).logits[:, -1]
-        top = logits.topk(3, dim=-1)
-        picks = torch.multinomial(top.values.softmax(-1), 1, generator=generator)
-        sampled = top.indices.gather(-1, picks)
-        greedy = top.indices[:, :1]
-        rows = torch.arange(num)[:, None] % 2 == 0
-        ids = torch.cat([ids, torch.where(rows, greedy, sampled)], dim=1)
-    return ids
 
 
 def fitted_head(
@@ -88,7 +73,7 @@ def _fit(
     num_layers: int,
 ) -> Eagle3Head:
     generator = torch.Generator().manual_seed(seed)
-    ids = _target_text(target_model, num=16, length=40, generator=generator)
+    ids = target_text(target_model, num=16, length=40, generator=generator)
     with torch.no_grad():
         out = target_model(ids, output_hidden_states=True)
         features = torch.cat([out.hidden_states[i] for i in layers], dim=-1)

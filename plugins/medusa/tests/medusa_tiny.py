@@ -16,19 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from specdec.testing.tiny import target_text
 from specdec_medusa.heads import MedusaHeads
-
-
-@torch.no_grad()
-def _target_text(model: torch.nn.Module, num: int, length: int, generator: torch.Generator) -> torch.Tensor:
-    """``num`` sequences the target writes from random prompts: half greedy, half top-3 sampled."""
-    ids = torch.randint(3, model.config.vocab_size, (num, 6), generator=generator)
-    for _ in range(length):
-        top = model(ids).logits[:, -1].topk(3, dim=-1)
-        sampled = top.indices.gather(-1, torch.multinomial(top.values.softmax(-1), 1, generator=generator))
-        greedy_rows = torch.arange(num)[:, None] % 2 == 0
-        ids = torch.cat([ids, torch.where(greedy_rows, top.indices[:, :1], sampled)], dim=1)
-    return ids
 
 
 def fitted_heads(target_model: torch.nn.Module, num_heads: int = 3, num_layers: int = 1, steps: int = 120, seed: int = 0) -> MedusaHeads:
@@ -46,7 +35,7 @@ _FITTED: dict[tuple, MedusaHeads] = {}
 
 def _fit(model: torch.nn.Module, num_heads: int, num_layers: int, steps: int, seed: int) -> MedusaHeads:
     generator = torch.Generator().manual_seed(seed)
-    ids = _target_text(model, num=16, length=40, generator=generator)
+    ids = target_text(model, num=16, length=40, generator=generator)
     with torch.no_grad():
         out = model(ids, output_hidden_states=True)
         hidden = out.hidden_states[-1]

@@ -23,21 +23,14 @@ from transformers import AutoModelForCausalLM
 from specdec.testing.architectures import make_tiny_model
 from specdec.testing.device import device_under_test
 from specdec.testing.tiny import TinyTarget, tiny_tokenizer
+from specdec.testing.tiny import target_text as tiny_target_text
 from specdec_mtp import MTPLayer, mtp_layer_tensors
 from specdec_mtp.layer import LatentCache
 
 
-@torch.no_grad()
 def target_text(model: torch.nn.Module, num: int = 16, length: int = 20, seed: int = 0) -> torch.Tensor:
-    """``num`` sequences the target writes from random prompts: half greedy, half top-3 sampled."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, model.config.vocab_size, (num, 4), generator=generator)
-    for _ in range(length):
-        top = model(ids).logits[:, -1].topk(3, dim=-1)
-        sampled = top.indices.gather(-1, torch.multinomial(top.values.softmax(-1), 1, generator=generator))
-        greedy = (torch.arange(num) % 2 == 0)[:, None]
-        ids = torch.cat([ids, torch.where(greedy, top.indices[:, :1], sampled)], dim=1)
-    return ids
+    """``num`` sequences the target writes from random 4-token prompts (see :func:`specdec.testing.tiny.target_text`)."""
+    return tiny_target_text(model, num, length, torch.Generator().manual_seed(seed), prompt_len=4)
 
 
 def run_layer(layer: MTPLayer, embed: torch.nn.Module, rotary: torch.nn.Module, previous: torch.Tensor,
