@@ -64,6 +64,9 @@ class Scores:
     loss_sums: list[float]
     correct: list[int]
     counts: list[int]
+    #: ``[B, T, outputs]``: output ``k`` at position ``t`` was right / was scored (for evaluation, when asked for).
+    hits: torch.Tensor | None = None
+    scored: torch.Tensor | None = None
 
     def losses(self) -> list[float]:
         """Each output's mean cross-entropy (0 where it scored nothing)."""

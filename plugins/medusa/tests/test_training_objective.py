@@ -8,7 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from specdec_medusa.training.model import new_heads, trainable_state
-from specdec_medusa.training.objective import HeadScores, chain_acceptance, medusa_loss
+from specdec_medusa.training.objective import medusa_loss
 
 VOCAB, HIDDEN, HEADS = 11, 8, 3
 
@@ -85,22 +85,6 @@ def test_new_heads_start_as_the_target_next_token_predictor() -> None:
         assert torch.allclose(logits, (x @ lm_head.T).expand(2, -1, -1), atol=1e-6)
         assert heads.uses_target_lm_head is share
     assert len(trainable_state(new_heads(2, 1, lm_head, True))) == 4  # blocks only: 2 x (weight, bias)
-
-
-def test_chain_walk() -> None:
-    """A reply of tokens 2..9 (anchor 1 predicts token 2): at anchor 1 heads 0, 1 hit and 2 misses
-    -> 2 accepted, next anchor 4; there head 0 misses -> 0, next anchor 5; there all hit -> 3,
-    next anchor 9, past the reply."""
-    mask = torch.zeros(1, 11, dtype=torch.bool)
-    mask[0, 2:10] = True
-    hits = torch.zeros(1, 11, 3, dtype=torch.bool)
-    hits[0, 1, :2] = True
-    hits[0, 5, :] = True
-    scored = torch.zeros_like(hits)
-    for k in range(3):
-        scored[0, : 11 - k - 2, k] = mask[0, k + 2 :]
-    scores = HeadScores([0.0] * 3, [0] * 3, [0] * 3, hits & scored, scored)
-    assert chain_acceptance(scores, mask) == (3, 5)
 
 
 def test_bfloat16_mode_follows_float32() -> None:

@@ -13,10 +13,19 @@ from typing import Any
 
 import torch
 
-from specdec.training import TrainingOptions, TrainingVocabulary, World, collate, conversation_lengths, sum_across
+from specdec.training import (
+    Scores,
+    TrainingOptions,
+    TrainingVocabulary,
+    World,
+    chain_acceptance,
+    collate,
+    conversation_lengths,
+    sum_across,
+)
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
-from specdec_medusa.training.objective import HeadScores, chain_acceptance, medusa_loss
+from specdec_medusa.training.objective import medusa_loss
 
 
 @dataclass
@@ -29,7 +38,7 @@ class FitOptions(TrainingOptions):
 class Evaluation:
     losses: list[float]
     accuracies: list[float]
-    #: Estimated mean acceptance length of greedy chain drafting (:func:`chain_acceptance`).
+    #: Estimated mean acceptance length of greedy chain drafting (:func:`specdec.training.chain_acceptance`).
     acceptance_length: float
 
 
@@ -49,7 +58,7 @@ class MedusaTrainee:
     def shape(self) -> dict[str, Any]:
         return heads_shape(self.module.num_heads, len(self.module.blocks[0]), self.module.uses_target_lm_head)
 
-    def loss(self, batch: dict[str, torch.Tensor]) -> HeadScores:
+    def loss(self, batch: dict[str, torch.Tensor]) -> Scores:
         return medusa_loss(self.module, self.target(batch), batch["input_ids"].to(self.device),
                            batch["loss_mask"].to(self.device), self.options.decay, self.options.chunk, backward=True,
                            bf16=self.options.bf16, vocabulary=self.vocabulary)
@@ -82,9 +91,9 @@ def evaluate(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], tor
         mask = batch["loss_mask"].to(device)
         scores = medusa_loss(heads, target(batch), batch["input_ids"].to(device), mask, options.decay, options.chunk,
                              keep_hits=True)
-        walk = chain_acceptance(scores, mask)
+        walk = chain_acceptance(scores.hits, scores.scored, mask)
         totals = [t + v for t, v in zip(totals, [*scores.loss_sums, *scores.correct, *scores.counts, *walk])]
     totals = sum_across(totals, world)
-    scores = HeadScores(totals[:k], totals[k : 2 * k], totals[2 * k : 3 * k])
+    scores = Scores(totals[:k], totals[k : 2 * k], totals[2 * k : 3 * k])
     steps, accepted = totals[3 * k :]
     return Evaluation(scores.losses(), scores.accuracies(), 1 + accepted / steps if steps else 1.0)

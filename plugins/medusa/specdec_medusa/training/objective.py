@@ -20,36 +20,16 @@ states are constants, so the chunks' gradients simply add up, and at most one ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch.nn import functional as F
 
-from specdec.training import Scores, TrainingVocabulary, projection
+from specdec.training import Scores, TrainingVocabulary, projection, shifted
 from specdec_medusa.heads import MedusaHeads
-
-
-@dataclass
-class HeadScores(Scores):
-    """Per head: summed cross-entropy, top-1 hits and positions scored (over a batch or more)."""
-
-    #: ``[B, T, heads]``: head ``k`` at position ``t`` predicted token ``t + k + 2`` (when asked for).
-    hits: torch.Tensor | None = None
-    #: ``[B, T, heads]``: where head ``k`` at position ``t`` was scored (when asked for).
-    scored: torch.Tensor | None = None
-
-
-def shifted(x: torch.Tensor, k: int, fill: int | bool = 0) -> torch.Tensor:
-    """``x`` moved ``k`` positions left along dim 1 (``out[:, t] = x[:, t + k]``), ``fill`` at the end."""
-    out = torch.full_like(x, fill)
-    if k < x.shape[1]:
-        out[:, : x.shape[1] - k] = x[:, k:]
-    return out
 
 
 def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                 decay: float = 0.8, chunk: int = 1024, backward: bool = False, bf16: bool = False,
-                keep_hits: bool = False, vocabulary: TrainingVocabulary | None = None) -> HeadScores:
+                keep_hits: bool = False, vocabulary: TrainingVocabulary | None = None) -> Scores:
     """Every head's loss and top-1 hits over a right-padded batch.
 
     :param hidden: ``[B, T, hidden]`` the target's final normed states (no gradient).
@@ -57,11 +37,11 @@ def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tenso
     :param backward: back-propagate ``decay ** k * loss_k`` chunk by chunk (training).
     :param bf16: the heads' matrix products and softmax in bfloat16 (autocast; weights and the summed
         losses stay float32).
-    :param keep_hits: also return per-position hits (:attr:`HeadScores.hits`), for evaluation.
+    :param keep_hits: also return per-position hits (:attr:`Scores.hits`), for evaluation.
     :param vocabulary: score over these tokens only (training; evaluation takes the whole vocabulary).
     """
     mask = loss_mask.bool()
-    scores = HeadScores([], [], [])
+    scores = Scores([], [], [])
     if keep_hits:
         scores.hits = torch.zeros(*mask.shape, heads.num_heads, dtype=torch.bool, device=mask.device)
         scores.scored = torch.zeros_like(scores.hits)
@@ -97,28 +77,3 @@ def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, input_ids: torch.Tenso
         scores.correct.append(correct)
         scores.counts.append(count)
     return scores
-
-
-def chain_acceptance(scores: HeadScores, loss_mask: torch.Tensor) -> tuple[int, int]:
-    """``(steps, accepted)`` of greedy chain drafting (each head's top-1, in order) over the
-    replies, estimated from :attr:`HeadScores.hits`: from the state before a reply's first token
-    the target writes one token and the heads draft the next ones; drafts count up to the first
-    miss, then drafting goes on from the state before the next unwritten token. The engine's tree
-    accepts at least this much; ``1 + accepted / steps`` estimates its mean acceptance length."""
-    assert scores.hits is not None and scores.scored is not None
-    starts = (shifted(loss_mask.bool(), 1, False) & scores.scored[..., 0]).tolist()
-    hits, scored = scores.hits.tolist(), scores.scored.tolist()
-    steps = accepted = 0
-    for row_start, row_hits, row_scored in zip(starts, hits, scored):
-        t = 0
-        while t < len(row_start):
-            if not row_start[t]:
-                t += 1
-                continue
-            run = 0
-            while run < len(row_hits[t]) and row_scored[t][run] and row_hits[t][run]:
-                run += 1
-            steps += 1
-            accepted += run
-            t += run + 1
-    return steps, accepted
