@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import click
+
 from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, TargetContext, VerifyResult, hookimpl
 from specdec_mlp_speculator.config import MLPSpeculatorDecodingConfig
 from specdec_mlp_speculator.drafter import MLPSpeculatorResources
@@ -40,3 +42,10 @@ def specdec_accept(
     if isinstance(config, MLPSpeculatorDecodingConfig):
         for request, result in zip(requests, results):
             resource_manager.commit(request, result)
+
+
+@hookimpl
+def specdec_train_commands() -> list[click.Command]:
+    from specdec_mlp_speculator.training.cli import mlp_speculator
+
+    return [mlp_speculator]

@@ -100,12 +100,24 @@ class MLPSpeculator(nn.Module):
             return _norm(hidden.float()).type_as(hidden) / math.sqrt(2)
         return hidden
 
+    def advance(self, stage: int, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Stage ``stage``'s state from the previous state ``[..., in]`` and the chosen ``tokens`` ``[...]``."""
+        return F.gelu(self.ln[stage](self.proj[stage](state) + self.emb[stage](tokens) * self.emb_scale))
+
     def step(self, stage: int, state: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stage ``stage`` on ``state`` ``[rows, in]`` and the chosen ``tokens`` ``[rows]``: its new
-        state and its logits over the vocabulary."""
-        state = self.proj[stage](state) + self.emb[stage](tokens) * self.emb_scale
-        state = F.gelu(self.ln[stage](state))
+        """Stage ``stage``'s new state and its logits over the vocabulary."""
+        state = self.advance(stage, state, tokens)
         return state, self.head[stage](state)
+
+    def reset_parameters(self) -> None:
+        """IBM's initialisation for training: weights ``N(0, 1 / inner_dim)``, norms the identity."""
+        std = 1 / math.sqrt(self.spec.inner_dim)
+        for module in self.modules():
+            if isinstance(module, (nn.Embedding, nn.Linear)):
+                nn.init.normal_(module.weight, 0.0, std)
+            elif isinstance(module, ScaledNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
 
 
 def read_spec(directory: Path) -> SpeculatorSpec:
@@ -179,13 +191,15 @@ def _first_tied_name(name: str) -> str:
     return f"{kind}.{first}.{rest}"
 
 
-def save_speculator(model: MLPSpeculator, directory: str | Path) -> Path:
-    """Write ``model`` in IBM's layout: ``config.json`` and ``model.safetensors`` with every stage's tensors."""
+def save_speculator(model: MLPSpeculator, directory: str | Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Write ``model`` in IBM's layout: ``config.json`` and ``model.safetensors`` with every stage's
+    tensors (tied ones under each stage's name), cast to ``dtype``."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator", **asdict(model.spec)}
+    config = {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator", **asdict(model.spec),
+              "torch_dtype": str(dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tensors = {name: p.detach().float().cpu().clone().contiguous()
+    tensors = {name: p.detach().to(dtype).cpu().clone().contiguous()
                for name, p in model.named_parameters(remove_duplicate=False)}
     save_file(tensors, directory / "model.safetensors")
     return directory

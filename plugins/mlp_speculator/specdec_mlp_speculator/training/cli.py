@@ -1,0 +1,87 @@
+"""``specdec train mlp-speculator``: an MLP speculator on a frozen target, from its own replies, in IBM's layout."""
+
+from __future__ import annotations
+
+import click
+import torch
+
+from specdec import ConfigError
+from specdec.training import (
+    DTYPES,
+    STATE_FILE,
+    FrozenTarget,
+    check_options,
+    fit_options,
+    per_output,
+    run_training,
+    saved_state,
+    trainer_options,
+    training_inputs,
+)
+from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec, save_speculator
+from specdec_mlp_speculator.training.loop import (
+    Evaluation,
+    FitOptions,
+    MLPSpeculatorTrainee,
+    describe_shape,
+    speculator_shape,
+)
+
+
+@click.command("mlp-speculator")
+@trainer_options(output_help=f"Directory for the speculator (IBM's layout), training.json and {STATE_FILE}.",
+                 unit="stage", lr=1e-3, lr_help="Peak learning rate (AdamW).", decay=1.0,
+                 decay_help="Stage k's loss weight: decay ** k.")
+@click.option("--n-predict", type=int, default=3, show_default=True, help="Stages: stage k drafts the token k + 2 ahead.")
+@click.option("--inner-dim", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The stages' width (0: the target's hidden size).")
+@click.option("--tie-weights/--no-tie-weights", default=False, show_default=True,
+              help="Stages share their embedding, norm and output layer (and stages 1 on their projection).")
+@click.option("--scale-input/--no-scale-input", default=True, show_default=True,
+              help="Stage 0 reads the target's state RMS-normalised and divided by sqrt(2).")
+@click.option("--top-k-tokens-per-head", default="4,3,2", show_default=True,
+              help="Written to config.json: the draft tree's branching per stage (one count per stage, comma-separated).")
+def mlp_speculator(n_predict: int, inner_dim: int, tie_weights: bool, scale_input: bool, top_k_tokens_per_head: str,
+                   **common) -> None:
+    """Train an MLP speculator (IBM's first stage: the target frozen) on conversations the target answered."""
+    check_options({"n-predict": n_predict}, **common)
+    top_k = _top_k(top_k_tokens_per_head, n_predict)
+    output = common["output"]
+    with training_inputs(**common) as inputs:
+        target = inputs.target
+        hidden = int(target.config.hidden_size)
+        spec = SpeculatorSpec(hidden, inner_dim or hidden, n_predict, int(target.config.vocab_size), tie_weights,
+                              scale_input, top_k)
+        saved = saved_state(output, common["resume"], speculator_shape(spec), describe_shape)
+        torch.manual_seed(common["seed"])
+        speculator = MLPSpeculator(spec)
+        speculator.reset_parameters()
+        speculator = speculator.to(inputs.world.device)
+        options = fit_options(FitOptions, inputs, **common)
+        inputs.console.print(f"training an MLP speculator of {n_predict} stages x {spec.inner_dim}"
+                             f"{', tied' if tie_weights else ''}: {inputs.summary(options)}")
+        export_dtype = common["export_dtype"]
+        run_training(MLPSpeculatorTrainee(speculator, FrozenTarget(target), options, inputs.vocabulary), inputs, options,
+                     output, saved, lambda: save_speculator(speculator, output, DTYPES[export_dtype]), "stage",
+                     _heldout_fields, _held_line, {}, common["data"], common["eval_data"])
+        inputs.console.print(f"wrote the speculator ({export_dtype}) to {output}")
+
+
+def _top_k(text: str, n_predict: int) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"--top-k-tokens-per-head: expected comma-separated counts, got {text!r}") from None
+    if len(counts) != n_predict or min(counts) < 1:
+        raise ConfigError(f"--top-k-tokens-per-head: needs {n_predict} counts of at least 1 (one per stage), got {text!r}")
+    return counts
+
+
+def _held_line(step: int, evaluation: Evaluation) -> str:
+    return (f"step {step}: held-out loss per stage {per_output(evaluation.losses)}, top-1 {per_output(evaluation.accuracies)}, "
+            f"estimated chain acceptance length {evaluation.acceptance_length:.2f}")
+
+
+def _heldout_fields(evaluation: Evaluation) -> dict[str, object]:
+    return {"heldout_loss_per_stage": evaluation.losses, "heldout_accuracy_per_stage": evaluation.accuracies,
+            "heldout_chain_acceptance_length": evaluation.acceptance_length}
