@@ -6,10 +6,10 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, Field
 
-from specdec import DraftingConfig
+from specdec import DraftingConfig, DraftVocabularyConfig
 
 
-class MLPSpeculatorDecodingConfig(DraftingConfig):
+class MLPSpeculatorDecodingConfig(DraftingConfig, DraftVocabularyConfig):
     """Draft with an MLP speculator: one small stage per draft position on the target's last hidden state."""
 
     method_name: ClassVar[str] = "mlp_speculator"

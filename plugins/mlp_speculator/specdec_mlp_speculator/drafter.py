@@ -9,6 +9,8 @@ and the token chosen there.
   token is the argmax, or is drawn from its distribution shaped by the request's own sampling
   params, and that distribution goes with it, so the core's rejection sampling stays exact. The
   chains of a batch's requests run stage by stage together.
+- With ``draft_vocab_size``, each stage's output layer keeps only the rows of the draft
+  vocabulary's tokens; the stages still read every token.
 - A tree (greedy and seeded requests): under every node, stage ``d`` keeps its top
   ``top_k_tokens_per_head[d]`` tokens. Of all the nodes, the step's node budget keeps those with
   the highest cumulative log-probability, parents first (a child never scores above its parent),
@@ -26,6 +28,7 @@ from specdec import (
     Request,
     TargetContext,
     VerifyResult,
+    draft_vocabulary,
     pick_drafts,
     prepack_linears,
 )
@@ -54,6 +57,9 @@ class MLPSpeculatorResources(HiddenStateResources):
         self.top_k = top_k[: self.depth]
         self.model = model.to(target.device, target.dtype)
         prepack_linears(self.model)
+        kept = draft_vocabulary(config, target, shipped=False)
+        if kept is not None:
+            self.model.narrow_vocabulary(kept)
         self.vocab_size = target.vocab_size
 
     def add_request(self, request: Request) -> None:
@@ -93,7 +99,7 @@ class MLPSpeculatorResources(HiddenStateResources):
         dists: list[list[torch.Tensor | None]] = [[] for _ in requests]
         for stage in range(max(lengths)):
             state, logits = self.model.step(stage, state, tokens)
-            picks = pick_drafts(logits, requests, [stage] * len(requests), None, self.vocab_size)
+            picks = pick_drafts(logits, requests, [stage] * len(requests), self.model.token_map, self.vocab_size)
             tokens = torch.tensor([token for token, _ in picks], device=state.device)
             for row, (token, dist) in enumerate(picks):
                 if stage < lengths[row]:
@@ -122,5 +128,8 @@ class MLPSpeculatorResources(HiddenStateResources):
             nodes.extend((s, stage, p, t) for s, p, t in zip(scores.tolist(), parents, tokens.tolist()))
         chosen = sorted(range(len(nodes)), key=lambda n: (-nodes[n][0], nodes[n][1]))[:budget]
         order = {n: position for position, n in enumerate(chosen)}
-        return DraftProposal([nodes[n][3] for n in chosen],
+        ids = [nodes[n][3] for n in chosen]
+        if self.model.token_map is not None:
+            ids = self.model.token_map[ids].tolist()
+        return DraftProposal(ids,
                              parents=[-1 if nodes[n][2] < 0 else order[nodes[n][2]] for n in chosen])

@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from specdec import ConfigError, ModelLoadError
+from specdec import ConfigError, ModelLoadError, trimmed_projection
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _IGNORED_FIELDS = {"architectures", "torch_dtype", "transformers_version", "n_candidates", "model_type"}
@@ -93,6 +93,15 @@ class MLPSpeculator(nn.Module):
         self.ln = stages(lambda i: ScaledNorm(inner))
         state_weight = 0.5 ** (0.5 / n)
         self.emb_scale = math.sqrt((1 - state_weight**2) * inner / 2) / state_weight
+        #: The target ids of the output layers' rows once narrowed to a draft vocabulary, else ``None``.
+        self.token_map: torch.Tensor | None = None
+
+    def narrow_vocabulary(self, kept: torch.Tensor) -> None:
+        """Score only the target ids ``kept`` (a draft vocabulary, ``specdec.draft_vocabulary``):
+        each output layer keeps their rows (tied stages: one copy). Call once on the device and dtype."""
+        trimmed = {id(head): trimmed_projection(head, kept) for head in self.head}
+        self.head = nn.ModuleList(trimmed[id(head)] for head in self.head)
+        self.token_map = kept.to(self.head[0].weight.device)
 
     def first_state(self, hidden: torch.Tensor) -> torch.Tensor:
         """Stage 0's input state from the target's hidden states ``[..., emb_dim]``."""
