@@ -1,0 +1,34 @@
+"""The MLP speculator on the embedded default model (SmolLM2-135M-Instruct), float32: a speculator
+in IBM's layout with random stages (none is trained for this target yet) drafts trees and chains
+that leave greedy and seeded output exactly plain decoding's, alone and batched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams
+from specdec.testing.real_model import plain  # noqa: F401 (plain: a fixture)
+from specdec_mlp_speculator import MLPSpeculator, SpeculatorSpec, save_speculator
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = ["Name three primary colors.", "Write one sentence about the sea."]
+
+
+def test_untrained_speculator_keeps_output_on_the_default_model(plain: LLM, tmp_path) -> None:
+    config = plain.model.config
+    torch.manual_seed(0)
+    speculator = MLPSpeculator(SpeculatorSpec(config.hidden_size, 64, 3, config.vocab_size, True, True, [3, 2, 1]))
+    speculator.reset_parameters()
+    directory = save_speculator(speculator, tmp_path / "speculator")
+    method = {"method": "mlp_speculator", "model": str(directory), "adaptive_draft_len": False, "num_draft_tokens": 6}
+    greedy, seeded = SamplingParams(max_tokens=24), SamplingParams(temperature=0.7, top_p=0.95, seed=0, max_tokens=24)
+    with LLM(plain.model, method, tokenizer=plain.tokenizer) as llm:
+        for params in (greedy, seeded):
+            expected = [o.token_ids for o in plain.generate(PROMPTS, params, chat=True)]
+            alone = [llm.generate(p, params, chat=True)[0] for p in PROMPTS]
+            batched = llm.generate(PROMPTS, params, chat=True)
+            assert [o.token_ids for o in alone] == expected
+            assert [o.token_ids for o in batched] == expected
+            assert sum(o.metrics.num_draft_tokens for o in alone) > 0
