@@ -123,13 +123,12 @@ class MLPSpeculatorResources(HiddenStateResources):
             keep = child_scores.topk(min(budget, child_scores.numel())).indices
             rows = keep // k
             tokens, scores, state = top.indices.flatten()[keep], child_scores[keep], state[rows]
+            if self.model.token_map is not None:
+                tokens = self.model.token_map[tokens]  # the next stage embeds target ids
             parents = [frontier[r] for r in rows.tolist()]
             frontier = list(range(len(nodes), len(nodes) + len(keep)))
             nodes.extend((s, stage, p, t) for s, p, t in zip(scores.tolist(), parents, tokens.tolist()))
         chosen = sorted(range(len(nodes)), key=lambda n: (-nodes[n][0], nodes[n][1]))[:budget]
         order = {n: position for position, n in enumerate(chosen)}
-        ids = [nodes[n][3] for n in chosen]
-        if self.model.token_map is not None:
-            ids = self.model.token_map[ids].tolist()
-        return DraftProposal(ids,
+        return DraftProposal([nodes[n][3] for n in chosen],
                              parents=[-1 if nodes[n][2] < 0 else order[nodes[n][2]] for n in chosen])
