@@ -92,7 +92,9 @@ def specdec_prepare_draft_tokens(
     :param config: the active speculative config.
     :param requests: the running requests; ``request.token_ids`` holds prompt and output so far
         (its last token is the one the target forwards next), ``request.max_draft_len`` caps
-        the proposal for this step (already limited by the remaining token budget).
+        the proposal for this step (already limited by the remaining token budget). It is 0
+        where drafting is paused or, with ``use_sa_spec``, where the request takes a suffix
+        draft this step: :func:`specdec_accept` then reports drafts the method did not propose.
     :param resource_manager: the object ``specdec_resource_manager`` returned.
     :return: one :class:`~specdec.requests.DraftProposal` per request, in order (an empty
         proposal means "decode plainly this step"), or ``None`` if ``config`` is not this
