@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from specdec.requests import Request
+    from specdec.requests import Request, VerifyResult
     from specdec.runner import ModelRunner
 
 
@@ -86,6 +86,17 @@ class HiddenStateResources(ResourceManager):
 
     def free_request(self, request: Request) -> None:
         request.method_state = None
+
+    @staticmethod
+    def last_state(request: Request, result: VerifyResult | None = None) -> torch.Tensor:
+        """The target's final hidden state at the row that predicted ``request``'s last token: the
+        prefill's last row, or after a verify step with ``result`` the row of its last accepted
+        draft (row 0, the previous last token, when none was accepted)."""
+        hidden = request.target_output.hidden_states[-1]
+        if result is None:
+            return hidden[-1]
+        path = result.path()
+        return hidden[1 + path[-1] if path else 0]
 
     def release(self) -> None:
         self.runner.capture_hidden_states = False

@@ -63,7 +63,7 @@ class MLPSpeculatorResources(HiddenStateResources):
         self.vocab_size = target.vocab_size
 
     def add_request(self, request: Request) -> None:
-        request.method_state = request.target_output.hidden_states[-1][-1]
+        request.method_state = self.last_state(request)
 
     def release(self) -> None:
         self.model = None
@@ -71,10 +71,8 @@ class MLPSpeculatorResources(HiddenStateResources):
 
     def commit(self, request: Request, result: VerifyResult) -> None:
         """Keep the final hidden state of the row that predicted the new last token."""
-        if request.finished:
-            return
-        path = result.path()
-        request.method_state = request.target_output.hidden_states[-1][1 + path[-1] if path else 0]
+        if not request.finished:
+            request.method_state = self.last_state(request, result)
 
     @torch.inference_mode()
     def propose(self, requests: list[Request]) -> list[DraftProposal]:
