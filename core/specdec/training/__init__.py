@@ -4,7 +4,7 @@ around it. Together with the top-level ``specdec`` module this is the whole core
 imports (docs/writing-a-plugin.md); CI checks that with import-linter."""
 
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths, pad
-from specdec.training.chain_walk import chain_acceptance, shifted
+from specdec.training.chain_walk import ChainEvaluation, chain_acceptance, evaluate_chain, shifted
 from specdec.training.command import (
                                       DEFAULT_BASE,
                                       DTYPES,
@@ -37,10 +37,10 @@ from specdec.training.token_frequency import coverage, frequency_ranking, token_
 from specdec.training.vocabulary import TrainingVocabulary, projection
 
 __all__ = [
-    "DEFAULT_BASE", "DTYPES", "Example", "ExampleDataset", "FrozenTarget", "LengthGroupedBatches", "STATE_FILE",
+    "ChainEvaluation", "DEFAULT_BASE", "DTYPES", "Example", "ExampleDataset", "FrozenTarget", "LengthGroupedBatches", "STATE_FILE",
     "Scores", "Trainee", "TrainingInputs", "TrainingOptions", "TrainingVocabulary", "World", "average_gradients",
     "broadcast_parameters", "chain_acceptance", "chat_token_ids", "check_options", "collate", "conversation_lengths",
-    "coverage", "every_rank", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad",
+    "coverage", "evaluate_chain", "every_rank", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad",
     "per_output", "projection", "prompt_turns", "read_conversations", "run_training", "saved_state", "shifted",
     "sum_across", "token_counts", "tokenize_all", "trainer_options", "training_inputs", "warmup_cosine",
 ]

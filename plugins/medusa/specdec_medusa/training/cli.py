@@ -8,6 +8,7 @@ from specdec.training import (
     DEFAULT_BASE,
     DTYPES,
     STATE_FILE,
+    ChainEvaluation,
     FrozenTarget,
     check_options,
     fit_options,
@@ -17,7 +18,7 @@ from specdec.training import (
     trainer_options,
     training_inputs,
 )
-from specdec_medusa.training.loop import Evaluation, FitOptions, MedusaTrainee, describe_shape, heads_shape
+from specdec_medusa.training.loop import FitOptions, MedusaTrainee, describe_shape, heads_shape
 from specdec_medusa.training.model import export, new_heads
 
 
@@ -50,11 +51,11 @@ def medusa(num_heads: int, num_layers: int, share_lm_head: bool, **common) -> No
                              f"to {output}")
 
 
-def _held_line(step: int, evaluation: Evaluation) -> str:
+def _held_line(step: int, evaluation: ChainEvaluation) -> str:
     return (f"step {step}: held-out loss per head {per_output(evaluation.losses)}, top-1 {per_output(evaluation.accuracies)}, "
             f"estimated chain acceptance length {evaluation.acceptance_length:.2f}")
 
 
-def _heldout_fields(evaluation: Evaluation) -> dict[str, object]:
+def _heldout_fields(evaluation: ChainEvaluation) -> dict[str, object]:
     return {"heldout_loss_per_head": evaluation.losses, "heldout_accuracy_per_head": evaluation.accuracies,
             "heldout_chain_acceptance_length": evaluation.acceptance_length}

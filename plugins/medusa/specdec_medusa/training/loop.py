@@ -13,16 +13,7 @@ from typing import Any
 
 import torch
 
-from specdec.training import (
-    Scores,
-    TrainingOptions,
-    TrainingVocabulary,
-    World,
-    chain_acceptance,
-    collate,
-    conversation_lengths,
-    sum_across,
-)
+from specdec.training import ChainEvaluation, Scores, TrainingOptions, TrainingVocabulary, World, evaluate_chain
 from specdec_medusa.heads import MedusaHeads
 from specdec_medusa.training.model import trainable_state
 from specdec_medusa.training.objective import medusa_loss
@@ -32,14 +23,6 @@ from specdec_medusa.training.objective import medusa_loss
 class FitOptions(TrainingOptions):
     #: Head ``k``'s loss weight is ``decay ** k`` (Medusa's 0.8).
     decay: float = 0.8
-
-
-@dataclass
-class Evaluation:
-    losses: list[float]
-    accuracies: list[float]
-    #: Estimated mean acceptance length of greedy chain drafting (:func:`specdec.training.chain_acceptance`).
-    acceptance_length: float
 
 
 class MedusaTrainee:
@@ -63,7 +46,7 @@ class MedusaTrainee:
                            batch["loss_mask"].to(self.device), self.options.decay, self.options.chunk, backward=True,
                            bf16=self.options.bf16, vocabulary=self.vocabulary)
 
-    def evaluate(self, dataset: torch.utils.data.Dataset, world: World) -> Evaluation:
+    def evaluate(self, dataset: torch.utils.data.Dataset, world: World) -> ChainEvaluation:
         return evaluate(self.module, self.target, dataset, self.options, world)
 
 
@@ -76,24 +59,14 @@ def describe_shape(shape: dict[str, Any]) -> str:
     return f"heads {shape}"
 
 
-@torch.no_grad()
 def evaluate(heads: MedusaHeads, target: Callable[[dict[str, torch.Tensor]], torch.Tensor], dataset: torch.utils.data.Dataset,
-             options: FitOptions, world: World) -> Evaluation:
+             options: FitOptions, world: World) -> ChainEvaluation:
     """Per head mean loss and top-1 accuracy over ``dataset`` (each rank a share, float32), and the
     estimated acceptance length of greedy chain drafting over its replies."""
-    lengths = conversation_lengths(dataset)
-    items = sorted(range(world.rank, len(dataset), world.size), key=lambda i: lengths[i])
-    k = heads.num_heads
-    totals = [0.0] * (3 * k + 2)
     device = next(heads.parameters()).device
-    for start in range(0, len(items), options.batch_size):
-        batch = collate([dataset[i] for i in items[start : start + options.batch_size]])
-        mask = batch["loss_mask"].to(device)
-        scores = medusa_loss(heads, target(batch), batch["input_ids"].to(device), mask, options.decay, options.chunk,
-                             keep_hits=True)
-        walk = chain_acceptance(scores.hits, scores.scored, mask)
-        totals = [t + v for t, v in zip(totals, [*scores.loss_sums, *scores.correct, *scores.counts, *walk])]
-    totals = sum_across(totals, world)
-    scores = Scores(totals[:k], totals[k : 2 * k], totals[2 * k : 3 * k])
-    steps, accepted = totals[3 * k :]
-    return Evaluation(scores.losses(), scores.accuracies(), 1 + accepted / steps if steps else 1.0)
+
+    def score(batch: dict[str, torch.Tensor], mask: torch.Tensor) -> Scores:
+        return medusa_loss(heads, target(batch), batch["input_ids"].to(device), mask, options.decay, options.chunk,
+                           keep_hits=True)
+
+    return evaluate_chain(score, heads.num_heads, dataset, options.batch_size, world, device)

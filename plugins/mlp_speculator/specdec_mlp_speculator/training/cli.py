@@ -9,6 +9,7 @@ from specdec import ConfigError
 from specdec.training import (
     DTYPES,
     STATE_FILE,
+    ChainEvaluation,
     FrozenTarget,
     check_options,
     fit_options,
@@ -20,7 +21,6 @@ from specdec.training import (
 )
 from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec, save_speculator
 from specdec_mlp_speculator.training.loop import (
-    Evaluation,
     FitOptions,
     MLPSpeculatorTrainee,
     describe_shape,
@@ -77,11 +77,11 @@ def _top_k(text: str, n_predict: int) -> list[int]:
     return counts
 
 
-def _held_line(step: int, evaluation: Evaluation) -> str:
+def _held_line(step: int, evaluation: ChainEvaluation) -> str:
     return (f"step {step}: held-out loss per stage {per_output(evaluation.losses)}, top-1 {per_output(evaluation.accuracies)}, "
             f"estimated chain acceptance length {evaluation.acceptance_length:.2f}")
 
 
-def _heldout_fields(evaluation: Evaluation) -> dict[str, object]:
+def _heldout_fields(evaluation: ChainEvaluation) -> dict[str, object]:
     return {"heldout_loss_per_stage": evaluation.losses, "heldout_accuracy_per_stage": evaluation.accuracies,
             "heldout_chain_acceptance_length": evaluation.acceptance_length}
