@@ -17,6 +17,7 @@ from specdec.errors import (ConfigError, ModelLoadError, PluginError, QueueFullE
 from specdec.hookspecs import hookimpl
 from specdec.kv_cache import BatchKVCache, RaggedDraftBatch, RequestKV
 from specdec.llm import LLM, RequestOutput
+from specdec.logits_processing import LogitsProcessor, VerifyRows
 from specdec.metrics import RequestMetrics
 from specdec.models import (DEFAULT_MODEL, cache_dir, default_model_dir, drafter_checkpoint, is_default_model, load_model,
                             resolve_device, resolve_dtype)
@@ -26,6 +27,7 @@ from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import HiddenStateResources, ResourceManager, TargetContext
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
+from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from specdec.suffix import SuffixCache
 from specdec.trees import TreeCandidates, node_depths, parents_of_paths, path_to
 from specdec.verify import verify_requests
@@ -37,8 +39,10 @@ __all__ = [
     "DraftProposal",
     "DraftVocabularyConfig",
     "DraftingConfig",
+    "GuidedDecodingParams",
     "HiddenStateResources",
     "LLM",
+    "LogitsProcessor",
     "ModelLoadError",
     "ModelRunner",
     "PlainDecodingConfig",
@@ -56,12 +60,14 @@ __all__ = [
     "SamplingParams",
     "SpecdecError",
     "SpeculativeConfig",
+    "StructuredOutputsParams",
     "SuffixCache",
     "TargetContext",
     "TreeCandidates",
     "UnknownMethodError",
     "UserProvidedDecodingConfig",
     "VerifyResult",
+    "VerifyRows",
     "cache_dir",
     "default_model_dir",
     "draft_ranking",

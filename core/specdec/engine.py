@@ -22,6 +22,7 @@ from specdec.detokenize import IncrementalDetokenizer
 from specdec.draft_budget import DraftBudget, depth
 from specdec.errors import ConfigError, NonFiniteLogitsError, PluginError, QueueFullError, SpecdecError
 from specdec.kv_cache import BatchKVCache
+from specdec.logits_processing import LogitsProcessing, VerifyRows
 from specdec.logprobs import token_logprobs
 from specdec.plugins import PluginRegistry
 from specdec.proposal_checks import checked_proposal, described
@@ -74,6 +75,7 @@ class Engine:
         self.hook = registry.hook
         self.target = TargetContext(runner, tokenizer, runner.device, runner.dtype, max_batch_size)
         self.stops = StopChecker(tokenizer, eos_token_ids(runner.model, tokenizer), runner.max_length)
+        self.processing = LogitsProcessing(self.target, self.stops.eos_token_ids, self.hook)
         self._sync = torch.cuda.synchronize if runner.device.type == "cuda" else None
         try:
             self.resource_manager = self.hook.specdec_resource_manager(config=config, target=self.target)
@@ -130,6 +132,7 @@ class Engine:
         if not params.greedy and params.seed is not None:
             noise = PositionNoise(params.seed, self.runner.vocab_size)
         request = Request(self._next_id, [int(t) for t in prompt_ids], len(prompt_ids), params, noise)
+        request.processors = self.processing.for_request(request.token_ids, params)
         request.acceptance = self.policy.new_estimate()
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
         if params.logprobs is not None:
@@ -376,6 +379,7 @@ class Engine:
             setup = self.resource_manager.setup_seconds() - setup
             proposals = self.policy.drafted(plan, batch, proposals, time.perf_counter() - step_start, setup)
             proposals = [p if s is None else s for p, s in zip(proposals, suffix)]
+            batch, proposals = self._survivors(batch, self._usable_drafts(batch, proposals))
             if not batch:
                 return
         drafted = time.perf_counter()
@@ -487,13 +491,45 @@ class Engine:
                 proposals[i] = DraftProposal()
         return proposals
 
+    def _usable_drafts(self, batch: list[Request], proposals: list[DraftProposal]) -> list[DraftProposal]:
+        """Each proposal cut before the first draft its request's processors forbid outright (a
+        grammar, ``min_tokens``): the target forward spends no width on it."""
+        usable = []
+        for request, proposal in zip(batch, proposals):
+            if request.processors is not None and len(proposal):
+                try:
+                    proposal = proposal.truncated(request.processors.usable_drafts(VerifyRows.of(request, proposal)))
+                except Exception as exc:
+                    self._end(request, "error", f"logits processing failed: {type(exc).__name__}: {exc}")
+            usable.append(proposal)
+        return usable
+
+    def _processed(self, request: Request, logits: torch.Tensor, proposal: DraftProposal | None = None) -> torch.Tensor:
+        """``logits`` (a verify forward's rows) processed by the request's processors, if any."""
+        if request.processors is None:
+            return logits
+        try:
+            processed = request.processors.apply(logits, VerifyRows.of(request, proposal))
+        except Exception as exc:
+            raise SpecdecError(f"logits processing failed: {type(exc).__name__}: {exc}") from exc
+        if bool((processed.max(-1).values == float("-inf")).any()):
+            raise SpecdecError("logits processing failed: it left no token allowed")
+        return processed
+
     def _verify(self, batch: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult | None]:
         """Each request's verify result; ``None`` for a request that ended here (its target logits
-        are not finite, or the method failed it)."""
+        are not finite, its logits processing failed, or the method failed it)."""
         broken = torch.stack([invalid_logits(lg).any() for lg in logits]).tolist()
-        for request, bad in zip(batch, broken):
+        logits = list(logits)
+        for row, (request, bad) in enumerate(zip(batch, broken)):
             if bad:
                 self._end(request, "error", str(NonFiniteLogitsError()))
+                continue
+            try:
+                logits[row] = self._processed(request, logits[row], proposals[row])
+            except SpecdecError as exc:
+                self._end(request, "error", str(exc))
+                broken[row] = True
         valid = [row for row, bad in enumerate(broken) if not bad]
 
         def call(rows: list[int]) -> list[VerifyResult]:
@@ -537,6 +573,7 @@ class Engine:
         """The first token after the prompt, as plain decoding picks it."""
         if invalid_logits(logits).item():
             raise NonFiniteLogitsError
+        logits = self._processed(request, logits[None])[0]
         if request.params.greedy or request.noise is not None:
             return int(target_picks(request, logits[None])[0])
         return request.sample(logits_to_probs(logits, request.params))
@@ -556,6 +593,11 @@ class Engine:
                 break
         if request.logprobs is not None:
             request.logprobs += token_logprobs(logits, tokens[:appended], request.params.logprobs)
+        if request.processors is not None:
+            try:
+                request.processors.accept(tokens[:appended])
+            except Exception as exc:
+                self._end(request, "error", f"logits processing failed: {type(exc).__name__}: {exc}")
         if request.noise is not None:
             request.noise.forget_before(len(request.token_ids))
         request.metrics.num_output_tokens = request.num_output_tokens

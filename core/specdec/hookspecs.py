@@ -12,6 +12,9 @@ config returns ``None`` (``firstresult`` hooks) or does nothing, so one process 
 methods. The core's default ``verify`` and ``resource_manager`` are registered with
 ``trylast=True``; a plugin overrides them simply by returning a result for its config.
 
+``specdec_logits_processors`` is not per method: any plugin may add processors to any request,
+whatever method runs.
+
 Per-step hooks take *lists* of requests: the engine may run several requests in one step, and a
 method must treat each request independently (its own drafts, its own acceptance).
 """
@@ -28,8 +31,10 @@ if TYPE_CHECKING:
     import torch
 
     from specdec.config import SpeculativeConfig
+    from specdec.logits_processing import LogitsProcessor
     from specdec.requests import DraftProposal, Request, VerifyResult
     from specdec.resources import ResourceManager, TargetContext
+    from specdec.sampling import SamplingParams
 
 PROJECT_NAME = "specdec"
 
@@ -145,6 +150,30 @@ def specdec_accept(
     :param results: the verification results, one per request.
     :param resource_manager: the object ``specdec_resource_manager`` returned.
     :return: nothing.
+    """
+
+
+# -- logits processing -------------------------------------------------------------------------
+
+
+@hookspec
+def specdec_logits_processors(params: SamplingParams, target: TargetContext) -> list[LogitsProcessor] | None:
+    """Logits processors of the plugin's own for one new request.
+
+    Called for every request as it is added, for every plugin (not only the active method's).
+    A plugin reads its per-request arguments from ``params.extra_args`` (vLLM's name) and returns
+    ``None`` or ``[]`` for requests that do not ask for it. Each processor is a fresh
+    :class:`~specdec.logits_processing.LogitsProcessor` for that request: ``apply`` changes the
+    target's logits of each verify row from that row's own prefix, so speculative output stays
+    what plain decoding with the processor gives. The plugin's processors run after the
+    built-in ones (grammar, bad words, ``logit_bias``, ``min_tokens``, penalties).
+
+    An exception here fails the request with a ``PluginError`` naming the plugin; one raised by a
+    processor during decoding ends only its request (``finish_reason="error"``).
+
+    :param params: the request's sampling parameters.
+    :param target: the loaded target model (its tokenizer, vocabulary size and device).
+    :return: the processors for this request, or ``None``.
     """
 
 

@@ -48,6 +48,8 @@ class Request:
     detokenizer: Any = None
     #: Each output token's log-probability, when ``params.logprobs`` asks for them.
     logprobs: list[TokenLogprob] | None = None
+    #: The logits processors ``params`` ask for (:mod:`specdec.logits_processing`), or ``None``.
+    processors: Any = None
 
     @property
     def output_ids(self) -> list[int]:

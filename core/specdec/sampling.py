@@ -12,11 +12,14 @@ policy chose, what was drafted, or how many times it ran.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specdec.kernels.reference import sample_by_race
 from specdec.logprobs import MAX_LOGPROBS
+from specdec.structured_outputs import StructuredOutputsParams
 
 
 #: Temperatures below this are greedy decoding (vLLM's threshold).
@@ -41,6 +44,23 @@ class SamplingParams(BaseModel):
         description="Return each output token's log-probability under the target (raw logits) and this many "
                     "likeliest tokens' at its position; None returns none.",
     )
+
+    # Logits processing (specdec.logits_processing): vLLM's names and ranges.
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, description="1 is off; above 1 discourages repeats.")
+    logit_bias: dict[int, float] | None = Field(default=None, description="Token id -> added to its logit.")
+    min_tokens: int = Field(default=0, ge=0, description="No EOS or stop token before this many tokens.")
+    bad_words: list[str] = Field(default_factory=list, description="Words never generated.")
+    structured_outputs: StructuredOutputsParams | None = None
+    #: Arguments for plugins' own logits processors (``specdec_logits_processors``).
+    extra_args: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _min_tokens_fit(self) -> SamplingParams:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
 
     @field_validator("stop", mode="before")
     @classmethod

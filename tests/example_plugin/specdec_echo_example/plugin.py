@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, hookimpl
+import torch
+
+from specdec import (DraftProposal, LogitsProcessor, Request, ResourceManager, SamplingParams, SpeculativeConfig,
+                     TargetContext, VerifyRows, hookimpl)
 from specdec_echo_example.config import EchoDecodingConfig
 
 
@@ -31,3 +34,28 @@ def specdec_prepare_draft_tokens(
         n = request.max_draft_len if config.repeat == 0 else min(config.repeat, request.max_draft_len)
         proposals.append(DraftProposal([request.token_ids[-1]] * n))
     return proposals
+
+
+class BanToken(LogitsProcessor):
+    """Never lets ``token`` be generated (or raises, to show a failing processor's effect)."""
+
+    def __init__(self, token: int, fail: bool) -> None:
+        self.token, self.fail = token, fail
+
+    def apply(self, logits: torch.Tensor, rows: VerifyRows) -> torch.Tensor:
+        if self.fail:
+            raise RuntimeError("echo: this processor always fails")
+        logits[:, self.token] = float("-inf")
+        return logits
+
+
+@hookimpl
+def specdec_logits_processors(params: SamplingParams, target: TargetContext) -> list[LogitsProcessor] | None:
+    """``extra_args={"echo_ban": token}`` bans a token, whatever method runs;
+    ``{"echo_ban_fails": "hook" | "apply"}`` fails in the hook or in the processor."""
+    args = params.extra_args or {}
+    if args.get("echo_ban_fails") == "hook":
+        raise RuntimeError("echo: this hook always fails")
+    if "echo_ban" not in args:
+        return None
+    return [BanToken(int(args["echo_ban"]), args.get("echo_ban_fails") == "apply")]
