@@ -26,7 +26,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdec import LLM, RequestMetrics, SamplingParams
+from specdec import LLM, RequestMetrics, SamplingParams, StructuredOutputsParams
 from specdec.errors import ConfigError
 from specdec.cli.main import main
 from specdec.requests import RequestDelta
@@ -442,7 +442,18 @@ def test_concurrent_clients_each_get_their_offline_output(server: Server, offlin
         ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
         ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
-        ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 1}}, 400, "logit_bias"),
+        ("/v1/completions", {"prompt": "hi", "logit_bias": {"99": 1}}, 400, "logit_bias"),
+        ("/v1/completions", {"prompt": "hi", "logit_bias": {"a": 1}}, 400, "logit_bias"),
+        ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, 400, "logit_bias"),
+        ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty"),
+        ("/v1/completions", {"prompt": "hi", "guided_regex": "a(b"}, 400, "structured_outputs.regex"),
+        ("/v1/completions", {"prompt": "hi", "structured_outputs": {"grammar": "start: nothing"}}, 400,
+         "structured_outputs.grammar"),
+        ("/v1/completions", {"prompt": "hi", "guided_choice": []}, 400, "guided_choice"),
+        ("/v1/completions", {"prompt": "hi", "guided_regex": "a", "response_format": {"type": "json_object"}}, 400,
+         "response_format"),
+        ("/v1/completions", {"prompt": "hi", "response_format": {"type": "json_schema"}}, 400, "response_format"),
+        ("/v1/completions", {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
          "top_logprobs"),
         ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
@@ -462,6 +473,35 @@ def test_client_errors_are_4xx_with_openai_error_json(server: Server, path: str,
     assert error["type"] == "invalid_request_error" and error["param"] == param and error["code"] == status
     assert error["message"]
     assert server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+def test_structured_output_and_penalties_through_the_openai_client(server: Server, offline: LLM) -> None:
+    """OpenAI's ``response_format``, vLLM's ``structured_outputs`` and ``guided_*`` fields and the
+    penalties reach the engine: the speculative server's greedy output is plain offline decoding's
+    with the same constraint and processors, and matches the constraint."""
+    client = server.client()
+    messages = [{"role": "user", "content": "is the sky blue?"}]
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, temperature=0, max_tokens=12,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "boolean"}}},
+    )
+    assert reply.choices[0].message.content in ("true", "false")
+    expected = offline.chat([messages], SamplingParams(max_tokens=12, structured_outputs=StructuredOutputsParams(json={"type": "boolean"})))
+    assert reply.choices[0].message.content == expected[0].text
+    cases = [
+        ({"guided_choice": ["the quick brown fox", "a lazy dog"]}, {"structured_outputs": StructuredOutputsParams(
+            choice=["the quick brown fox", "a lazy dog"])}),
+        ({"structured_outputs": {"regex": "([a-z]+ ){3}[a-z]+\\."}}, {"structured_outputs": StructuredOutputsParams(
+            regex="([a-z]+ ){3}[a-z]+\\.")}),
+        ({"repetition_penalty": 1.3, "min_tokens": 5, "bad_words": ["the"]},
+         {"repetition_penalty": 1.3, "min_tokens": 5, "bad_words": ["the"]}),
+    ]
+    for extra_body, fields in cases:
+        got = client.completions.create(model=MODEL, prompt="hello world", temperature=0, max_tokens=16,
+                                        frequency_penalty=0.5, presence_penalty=0.2, extra_body=extra_body)
+        want = _greedy(offline, "hello world", 16, frequency_penalty=0.5, presence_penalty=0.2, **fields)
+        assert got.choices[0].text == want, extra_body
+    assert got.choices[0].text and "the" not in got.choices[0].text.split()
 
 
 def test_body_limit_holds_without_content_length(server: Server) -> None:

@@ -1,35 +1,67 @@
 """Request bodies of the OpenAI and Triton endpoints, and the sampling parameters they ask for.
 
 Unknown OpenAI fields are ignored, as vLLM does, except those whose meaning this server cannot
-honour (penalties, tools, ...): a non-neutral value of one of those is a 400 rather
-than silently different output. Triton's generate body is strict, as Triton is about inputs.
+honour (tools, ``best_of``, ...): a non-neutral value of one of those is a 400 rather than
+silently different output. Triton's generate body is strict, as Triton is about inputs.
+
+Structured output comes under OpenAI's name (``response_format``), vLLM's
+(``structured_outputs``) or vLLM's older ``guided_*`` fields; one request sets at most one.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
 from specdec.server.errors import APIError, from_validation_error
+from specdec.structured_outputs import StructuredOutputsParams
 
 #: The most choices (``n``) one request may ask for: each is a request of the engine's.
 MAX_CHOICES = 16
 
 #: Fields of OpenAI's API this server does not implement, with the values that mean "off".
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "logit_bias": (None, {}),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
+
+
+class JSONSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``."""
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text`` (no constraint), ``json_object`` or ``json_schema``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema")
+        return self
+
+    def constraint(self) -> dict[str, Any] | None:
+        if self.type == "json_object":
+            return {"json_object": True}
+        if self.type == "json_schema":
+            return {"json": self.json_schema.json_schema}
+        return None
+
+
+#: vLLM's older structured-output fields, and the constraint each sets.
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class StreamOptions(BaseModel):
@@ -55,6 +87,20 @@ class _OpenAIRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_perf_metrics: bool = False
+    # Logits processing: OpenAI's penalties and bias, vLLM's extensions.
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
+    bad_words: list[str] | None = None
+    # Structured output: at most one of these.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @property
     def num_choices(self) -> int:
@@ -75,6 +121,43 @@ class _OpenAIRequest(BaseModel):
         log-probabilities)."""
         return None
 
+    def structured(self) -> StructuredOutputsParams | None:
+        """The one structured-output constraint the request sets, if any; a 400 naming the fields
+        when it sets more than one."""
+        given: dict[str, Any] = {}
+        if self.response_format is not None and self.response_format.constraint() is not None:
+            given["response_format"] = self.response_format.constraint()
+        if self.structured_outputs is not None:
+            given["structured_outputs"] = self.structured_outputs
+        for name, constraint in _GUIDED.items():
+            if getattr(self, name) is not None:
+                given[name] = {constraint: getattr(self, name)}
+        if len(given) > 1:
+            raise APIError(400, f"{', '.join(given)}: set only one structured-output constraint", next(iter(given)))
+        if not given:
+            return None
+        (name, constraint), = given.items()
+        if isinstance(constraint, StructuredOutputsParams):
+            return constraint
+        try:
+            return StructuredOutputsParams(**constraint)
+        except ValidationError as exc:
+            raise APIError(400, f"{name}: {exc.errors()[0]['msg']}", name) from None
+
+    def token_bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with its token-id keys as integers; a 400 for a key that is not one or a
+        bias outside OpenAI's [-100, 100]."""
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not key.lstrip("-").isdigit():
+                raise APIError(400, f"logit_bias: keys must be token ids, got {key!r}", "logit_bias")
+            if not -100 <= value <= 100:
+                raise APIError(400, f"logit_bias: biases must lie in [-100, 100], got {value}", "logit_bias")
+            bias[int(key)] = value
+        return bias
+
     def sampling_params(self, max_tokens: int, choice: int = 0) -> SamplingParams:
         """The engine's parameters for choice ``choice``; OpenAI's default temperature is 1
         (sampling). With a ``seed``, choice ``i`` samples with ``seed + i``: the same seed for every
@@ -89,6 +172,13 @@ class _OpenAIRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             seed=None if self.seed is None else self.seed + choice,
             logprobs=self.logprobs_count(),
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias=self.token_bias(),
+            min_tokens=self.min_tokens or 0,
+            bad_words=self.bad_words or [],
+            structured_outputs=self.structured(),
         )
 
 
