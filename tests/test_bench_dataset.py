@@ -34,3 +34,23 @@ def test_code_edits_quote_library_functions_whole():
         by_kind.setdefault(kind, []).append(function)
     assert sorted(by_kind) == ["rename", "strip_docs", "type_hints"]
     assert by_kind["rename"] == by_kind["strip_docs"] == by_kind["type_hints"] and len(set(by_kind["rename"])) == 10
+
+
+def test_json_extraction_rows_carry_their_schema():
+    """The bundled structured-output set: two JSON schemas over the same twelve library functions;
+    each question constrains its turns' answers (``structured_outputs`` in the row)."""
+    from specdec.sampling import SamplingParams
+
+    questions = load_questions("json_extraction")
+    assert len(questions) == 24 and sorted({q.category for q in questions}) == ["signature", "summary"]
+    for q in questions:
+        assert q.structured_outputs.kind == "json" and q.structured_outputs.json_schema["type"] == "object"
+        assert q.params(SamplingParams(max_tokens=9)).structured_outputs == q.structured_outputs
+    assert load_questions("code_edits")[0].params(SamplingParams()).structured_outputs is None
+
+
+def test_a_malformed_constraint_in_a_row_is_a_clear_error(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question_id": 1, "turns": ["hi"], "structured_outputs": {"regex": "a", "choice": ["b"]}}\n')
+    with pytest.raises(ConfigError, match="line 1: structured_outputs: Value error, set exactly one of json, regex, choice, grammar, json_object \\(got regex, choice\\)$"):
+        load_questions(str(path))

@@ -1,4 +1,5 @@
-"""Spec-Bench-format prompt sets: jsonl rows with ``question_id``, ``category`` and ``turns``."""
+"""Spec-Bench-format prompt sets: jsonl rows with ``question_id``, ``category`` and ``turns``, and
+optionally ``structured_outputs`` (vLLM's field: the constraint every turn's answer follows)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from specdec.errors import ConfigError
+from specdec.sampling import SamplingParams
+from specdec.structured_outputs import StructuredOutputsParams
 
 #: Prompt sets shipped with specdec (evaluation only: never train on them).
 BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/question.jsonl",
-           "code_edits": "code_edits/question.jsonl"}
+           "code_edits": "code_edits/question.jsonl", "json_extraction": "json_extraction/question.jsonl"}
 
 #: Names for groups of Spec-Bench's categories: its multi-turn conversation part is MT-Bench's
 #: eight categories, 10 prompts each.
@@ -25,6 +30,13 @@ class Question:
     question_id: str
     category: str
     turns: list[str]
+    structured_outputs: StructuredOutputsParams | None = None
+
+    def params(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with this question's constraint, if it has one."""
+        if self.structured_outputs is None:
+            return params
+        return params.model_copy(update={"structured_outputs": self.structured_outputs})
 
 
 def load_questions(dataset: str, categories: list[str] | None = None, per_category: int | None = None) -> list[Question]:
@@ -48,7 +60,11 @@ def load_questions(dataset: str, categories: list[str] | None = None, per_catego
             turns = row["turns"]
             if not (isinstance(turns, list) and turns and all(isinstance(t, str) and t for t in turns)):
                 raise ValueError("`turns` must be a non-empty list of non-empty strings")
-            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), turns))
+            constraint = row.get("structured_outputs")
+            constraint = None if constraint is None else StructuredOutputsParams(**constraint)
+            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), turns, constraint))
+        except ValidationError as exc:
+            raise ConfigError(f"--dataset: {source} line {n}: structured_outputs: {exc.errors()[0]['msg']}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--dataset: {source} line {n} is not a Spec-Bench row ({type(exc).__name__}: {exc})") from None
     if categories:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from specdec.bench.dataset import Question
+from specdec.errors import ConfigError
 from specdec.llm import LLM
 from specdec.metrics import RequestMetrics
 from specdec.sampling import SamplingParams
@@ -89,7 +90,7 @@ def _run_llm(llm: LLM, prompt_ids: list[int], params: SamplingParams) -> Run:
     return _run_llm_batch(llm, [prompt_ids], params)[0]
 
 
-def _run_llm_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list[Run]:
+def _run_llm_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Run]:
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
     share = (time.perf_counter() - start) / len(prompts)
@@ -115,6 +116,9 @@ def run_benchmark(
         PLAIN: lambda ids, p: _run_llm(plain, ids, p),
         SPEC: lambda ids, p: _run_llm(spec, ids, p),
     }
+    if (hf is not None or hf_static is not None) and any(q.structured_outputs for q in questions):
+        raise ConfigError("--baseline hf: transformers' generate cannot follow the prompts' structured_outputs; "
+                          "leave the hf baseline out for this prompt set")
     if hf is not None:
         runners[HF] = lambda ids, p: hf.generate(ids, p.max_tokens)
     if eager is not None:
@@ -137,7 +141,7 @@ def run_benchmark(
             prompt_ids = plain.encode(messages, chat=True)
             rounds = []
             for round_ in range(repeats):
-                runs = {mode: runners[mode](prompt_ids, params) for mode in order}
+                runs = {mode: runners[mode](prompt_ids, q.params(params)) for mode in order}
                 # Rotate which mode goes first so drift in machine speed does not favour one.
                 order = order[1:] + order[:1]
                 rounds.append(TurnResult(q.question_id, q.category, turn, runs, round_))
@@ -185,7 +189,7 @@ def run_batched_benchmark(
                     prompts.append(plain.encode(conversations[q.question_id], chat=True))
                 rounds = []
                 for round_ in range(repeats):
-                    runs = {mode: _run_llm_batch(llms[mode], prompts, params) for mode in order}
+                    runs = {mode: _run_llm_batch(llms[mode], prompts, [q.params(params) for q in batch]) for mode in order}
                     order = order[1:] + order[:1]
                     rounds.append(runs)
                     for i, q in enumerate(batch):

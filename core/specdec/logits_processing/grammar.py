@@ -10,6 +10,7 @@ and validates token runs: exactly what walking a draft chain or tree needs.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections import OrderedDict
@@ -29,7 +30,6 @@ _BITS = torch.arange(32, dtype=torch.int32)
 def _llguidance() -> Any:
     try:
         import llguidance
-        import llguidance.hf
     except ImportError as exc:  # an optional extra
         raise ConfigError(
             "structured_outputs: needs llguidance (pip install 'specdec[structured]')"
@@ -40,16 +40,22 @@ def _llguidance() -> Any:
 def llguidance_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> Any:
     """llguidance's view of ``tokenizer`` over the model's ``vocab_size`` rows.
 
-    A Hugging Face fast tokenizer with a byte-level or SentencePiece-style decoder is read
-    directly; any other tokenizer is read token by token (right for tokenizers whose tokens
-    decode alone, such as character-level ones).
+    A Hugging Face tokenizer backed by the Rust ``tokenizers`` library with a byte-level or
+    SentencePiece-style decoder is read whole; any other tokenizer is read token by token (right
+    for tokenizers whose tokens decode alone, such as character-level ones).
     """
     llguidance = _llguidance()
     eos = sorted(eos_ids) or None
-    try:
-        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
-    except ValueError:
-        pass
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        # The Rust tokenizer as JSON (what llguidance.hf does, for any class that has one).
+        backend = copy.copy(backend)
+        backend.no_padding()
+        backend.no_truncation()
+        try:
+            return llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=eos)
+        except ValueError:  # a decoder llguidance does not know
+            pass
 
     class _ByToken:
         eos_token_id = tokenizer.eos_token_id
