@@ -497,10 +497,12 @@ class Engine:
         usable = []
         for request, proposal in zip(batch, proposals):
             if request.processors is not None and len(proposal):
+                start = time.perf_counter()
                 try:
                     proposal = proposal.truncated(request.processors.usable_drafts(VerifyRows.of(request, proposal)))
                 except Exception as exc:
                     self._end(request, "error", f"logits processing failed: {type(exc).__name__}: {exc}")
+                request.metrics.time_logits_processing += time.perf_counter() - start
             usable.append(proposal)
         return usable
 
@@ -508,10 +510,13 @@ class Engine:
         """``logits`` (a verify forward's rows) processed by the request's processors, if any."""
         if request.processors is None:
             return logits
+        start = time.perf_counter()
         try:
             processed = request.processors.apply(logits, VerifyRows.of(request, proposal))
         except Exception as exc:
             raise SpecdecError(f"logits processing failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            request.metrics.time_logits_processing += time.perf_counter() - start
         if bool((processed.max(-1).values == float("-inf")).any()):
             raise SpecdecError("logits processing failed: it left no token allowed")
         return processed
@@ -594,10 +599,12 @@ class Engine:
         if request.logprobs is not None:
             request.logprobs += token_logprobs(logits, tokens[:appended], request.params.logprobs)
         if request.processors is not None:
+            start = time.perf_counter()
             try:
                 request.processors.accept(tokens[:appended])
             except Exception as exc:
                 self._end(request, "error", f"logits processing failed: {type(exc).__name__}: {exc}")
+            request.metrics.time_logits_processing += time.perf_counter() - start
         if request.noise is not None:
             request.noise.forget_before(len(request.token_ids))
         request.metrics.num_output_tokens = request.num_output_tokens

@@ -36,6 +36,8 @@ class RequestMetrics:
     time_forward: float = 0.0
     time_verify: float = 0.0
     time_decode: float = 0.0
+    #: Logits processing (grammar masks, penalties, ...), within the times above.
+    time_logits_processing: float = 0.0
 
     def record_step(self, num_draft_tokens: int, num_accepted: int, depth: int, num_lossy_accepted: int = 0) -> None:
         """Count one decoding step that proposed ``num_draft_tokens`` tokens reaching ``depth``

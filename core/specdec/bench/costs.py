@@ -66,12 +66,16 @@ def step_breakdown(results: list[TurnResult]) -> dict[str, Any]:
         "drafting_steps": spec.num_drafts,
         "plain_ms_per_step": {
             # Everything but the forward: a plain step drafts nothing, but still plans and keeps books.
-            "forward": 1e3 * plain_forward, "bookkeeping": 1e3 * (plain.time_decode - plain.time_forward) / plain.num_steps,
+            "forward": 1e3 * plain_forward,
+            "bookkeeping": 1e3 * (plain.time_decode - plain.time_forward - plain.time_logits_processing) / plain.num_steps,
+            "logits_processing": 1e3 * plain.time_logits_processing / plain.num_steps,
         },
         "spec_ms_per_step": {
             "draft": 1e3 * spec.time_draft / spec.num_steps,
             "forward": 1e3 * spec.time_forward / spec.num_steps,
-            "bookkeeping": 1e3 * spec.time_overhead / spec.num_steps,
+            "bookkeeping": 1e3 * max(spec.time_overhead - spec.time_logits_processing, 0.0) / spec.num_steps,
+            # Grammar masks, penalties, ... (cutting forbidden drafts included).
+            "logits_processing": 1e3 * spec.time_logits_processing / spec.num_steps,
         },
         # Verify forwards against one-token forwards: the mean width's relative cost.
         "forward_vs_plain": (spec.time_forward / spec.num_steps) / plain_forward if plain_forward else None,
@@ -115,15 +119,15 @@ def step_table(costs: dict[str, Any], title: str) -> Table:
     """Per category: ms per step of each part, drafting per drafted token, and what-if speedups."""
     table = Table(title=f"{title}: where a step's time goes")
     for col in ["category", "tokens/step", "plain ms/step", "draft ms", "forward ms", "verify+books ms",
-                "draft/token", "speedup", "free drafts", "forwards only"]:
+                "logits proc. ms (plain)", "draft/token", "speedup", "free drafts", "forwards only"]:
         table.add_column(col, justify="left" if col == "category" else "right")
     for category, s in costs["steps"].items():
         plain, spec = s["plain_ms_per_step"], s["spec_ms_per_step"]
         per_token = s["draft_forwards_per_drafted_token"]
         table.add_row(
-            category, f"{s['tokens_per_step']:.2f}", f"{plain['forward'] + plain['bookkeeping']:.1f}",
+            category, f"{s['tokens_per_step']:.2f}", f"{sum(plain.values()):.1f}",
             f"{spec['draft']:.1f}", f"{spec['forward']:.1f} ({_fmt(s['forward_vs_plain'], '.2f')}x)",
-            f"{spec['bookkeeping']:.1f}",
+            f"{spec['bookkeeping']:.1f}", f"{spec['logits_processing']:.2f} ({plain['logits_processing']:.2f})",
             "-" if per_token is None else f"{s['draft_ms_per_drafted_token']:.1f} ms ({per_token:.2f} fwd)",
             _fmt(s["decode_speedup"], ".2f") + "x", _fmt(s["speedup_at_zero_draft_cost"], ".2f") + "x",
             _fmt(s["speedup_forwards_only"], ".2f") + "x",
@@ -150,7 +154,8 @@ def plot_costs(costs: dict[str, Any], path: Any, title: str) -> None:
     left.grid(alpha=0.3)
 
     cats = list(steps)
-    parts = [("draft", "tab:orange"), ("forward", "tab:blue"), ("bookkeeping", "tab:green")]
+    parts = [("draft", "tab:orange"), ("forward", "tab:blue"), ("bookkeeping", "tab:green"),
+             ("logits_processing", "tab:purple")]
     for offset, mode in ((-0.2, "plain"), (0.2, "spec")):
         bottom = [0.0] * len(cats)
         for part, colour in parts:
