@@ -22,6 +22,7 @@ from specdec.plugins import get_registry
 from specdec.requests import Request
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams
+from specdec.tools import ToolCall, tool_use
 
 #: A prompt: raw text, a chat conversation (list of ``{"role", "content"}``) or
 #: ``{"prompt_token_ids": [...]}``.
@@ -41,6 +42,9 @@ class RequestOutput:
     error: str | None = None
     #: Each output token's log-probability, when ``SamplingParams.logprobs`` asked for them.
     logprobs: list[TokenLogprob] | None = field(default=None, repr=False)
+    #: The tool calls of a :meth:`LLM.chat` reply given ``tools`` (``text`` is then the content
+    #: around them), ``None`` without tools.
+    tool_calls: list[ToolCall] | None = None
 
 
 class LLM:
@@ -106,8 +110,9 @@ class LLM:
     def method(self) -> str:
         return self.engine.method.name
 
-    def encode(self, prompt: Prompt, chat: bool = False) -> list[int]:
-        """Token ids of ``prompt``; ``chat=True`` wraps a text prompt as one user turn."""
+    def encode(self, prompt: Prompt, chat: bool = False, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """Token ids of ``prompt``; ``chat=True`` wraps a text prompt as one user turn;
+        ``template_kwargs`` go to the chat template (``tools``)."""
         if isinstance(prompt, dict):
             try:
                 return [int(t) for t in prompt["prompt_token_ids"]]
@@ -120,7 +125,7 @@ class LLM:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError("prompt: this model's tokenizer has no chat template; use --no-chat")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **(template_kwargs or {}))
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(
@@ -142,7 +147,9 @@ class LLM:
             params = sampling_params
         else:
             params = [sampling_params or SamplingParams()] * len(prompts)
-        encoded = [self.encode(prompt, chat=chat) for prompt in prompts]
+        return self._generate(prompts, [self.encode(prompt, chat=chat) for prompt in prompts], params)
+
+    def _generate(self, prompts: list[Prompt], encoded: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
         with self._lock:
             # Every prompt is checked before any work starts, so one bad prompt loses nothing.
             requests = [self.engine.new_request(ids, p) for ids, p in zip(encoded, params)]
@@ -182,10 +189,40 @@ class LLM:
                 self.engine.abort(request.request_id)
             raise
 
-    def chat(self, messages: list[dict[str, str]] | list[list[dict[str, str]]], sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, using the chat template."""
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, using the chat template.
+
+        ``tools`` and ``tool_choice`` are OpenAI's (see :mod:`specdec.tools`): each output's
+        ``tool_calls`` holds the calls and ``text`` the content around them.
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate(conversations, sampling_params, chat=True)
+        if tools is None and tool_choice is None:
+            return self.generate(conversations, sampling_params, chat=True)
+        use = tool_use(tools, tool_choice)
+        params = sampling_params or SamplingParams()
+        constraint = use.constraint()
+        if constraint is not None:
+            if params.structured_outputs is not None:
+                raise ConfigError("tool_choice: a required or named tool call cannot be combined with structured_outputs")
+            params = params.model_copy(update={"structured_outputs": constraint})
+        template = getattr(self.tokenizer, "chat_template", None)
+        encoded = []
+        for conversation in conversations:
+            shown, template_kwargs = use.conversation(conversation, template)
+            encoded.append(self.encode(shown, chat=True, template_kwargs=template_kwargs))
+        outputs = self._generate(conversations, encoded, [params] * len(conversations))
+        for out in outputs:
+            content, out.tool_calls = use.parse(out.text)
+            out.text = content or ""
+            out.finish_reason = use.finish_reason(out.finish_reason, out.tool_calls)
+        return outputs
 
     def warmup(self, max_batch_size: int = 1) -> None:
         """Pay one-time setup (kernels, the adaptive draft length's cost measurement) for every
