@@ -31,7 +31,12 @@ from specdec.errors import ConfigError
 from specdec.cli.main import main
 from specdec.requests import RequestDelta
 from specdec.server.metrics import RequestTracker, ServerMetrics
+from specdec.testing.tiny import JSON_CHARS, make_tiny_target
 
+#: A function to call (OpenAI's tools format).
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                                          "required": ["city"], "additionalProperties": False}}}
 #: The main server's --served-model-name (the Triton tutorial's model name).
 MODEL = "tensorrt_llm"
 URL_LINE = re.compile(r"serving \S+ .* at (http://127\.0\.0\.1:\d+)")
@@ -141,7 +146,7 @@ def fail_token(offline: LLM) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, installed_plugins: Path,
+def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_dir: Path, installed_plugins: Path,
             fail_token: tuple[int, str]) -> Iterator[dict[str, Server]]:
     """The three servers, started together (their start-up overlaps)."""
     logs = tmp_path_factory.mktemp("server-logs")
@@ -157,6 +162,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, installed_
                        env={"PYTHONPATH": str(installed_plugins)}),
         "small": Server(logs / "small.log", [*model, "--extra_llm_api_options", str(trtllm_options),
                                                "--max-queue-size", "1", "--shutdown-timeout", "1"]),
+        "json": Server(logs / "json.log", ["--model", str(tiny_json_dir), "--method", "ngram", *plain_costs, "--served-model-name", MODEL]),
     }
     try:
         yield started
@@ -168,6 +174,21 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, installed_
 @pytest.fixture(scope="module")
 def server(servers: dict[str, Server]) -> Server:
     return servers["main"].wait_ready()
+
+
+@pytest.fixture(scope="module")
+def tiny_json_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiny-json")
+    target = make_tiny_target(chars=JSON_CHARS)
+    target.model.save_pretrained(path)
+    target.tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def json_server(servers: dict[str, Server]) -> Server:
+    """A tiny model whose characters can spell JSON and tool calls."""
+    return servers["json"].wait_ready()
 
 
 @pytest.fixture(scope="module")
@@ -453,7 +474,15 @@ def test_concurrent_clients_each_get_their_offline_output(server: Server, offlin
         ("/v1/completions", {"prompt": "hi", "guided_regex": "a", "response_format": {"type": "json_object"}}, 400,
          "response_format"),
         ("/v1/completions", {"prompt": "hi", "response_format": {"type": "json_schema"}}, 400, "response_format"),
-        ("/v1/completions", {"prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, 400,
+         "tool_choice"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"function": {}}]}, 400,
+         "tools"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+                                  "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "tool_choice"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+                                  "tool_choice": "required", "guided_regex": "a"}, 400, "tool_choice"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
          "top_logprobs"),
         ("/v1/completions", {"max_tokens": 4}, 400, "prompt"),
@@ -502,6 +531,46 @@ def test_structured_output_and_penalties_through_the_openai_client(server: Serve
         want = _greedy(offline, "hello world", 16, frequency_penalty=0.5, presence_penalty=0.2, **fields)
         assert got.choices[0].text == want, extra_body
     assert got.choices[0].text and "the" not in got.choices[0].text.split()
+
+
+def test_tool_calls_named_required_and_auto_whole_and_streamed(json_server: Server, tiny_json_dir: Path) -> None:
+    """A named function's call is its arguments, constrained to its schema; ``required`` gives a
+    list of calls; ``auto`` answers in text when the model calls nothing. The speculative server
+    gives plain offline decoding's calls, whole and streamed (named calls stream their arguments)."""
+    client = json_server.client()
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with LLM(str(tiny_json_dir), dtype="float32") as offline:
+        for choice in (named, "required", "auto"):
+            reply = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice=choice,
+                                                   temperature=0, max_tokens=60)
+            expected = offline.chat(messages, SamplingParams(max_tokens=60), tools=[WEATHER], tool_choice=choice)[0]
+            got = reply.choices[0]
+            if choice == "auto":
+                assert got.message.tool_calls is None and got.message.content == expected.text
+                continue
+            assert [(c.function.name, c.function.arguments) for c in got.message.tool_calls] == [
+                (c.name, c.arguments) for c in expected.tool_calls]
+            arguments = json.loads(got.message.tool_calls[0].function.arguments)
+            assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+            assert got.finish_reason == ("stop" if choice is named else "tool_calls") == expected.finish_reason
+        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice=named,
+                                                     temperature=0, max_tokens=60, stream=True))
+    deltas = [d for chunk in chunks if chunk.choices for d in chunk.choices[0].delta.tool_calls or []]
+    assert deltas[0].id and deltas[0].function.name == "get_weather" and len(deltas) > 1
+    whole = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice=named,
+                                           temperature=0, max_tokens=60)
+    assert "".join(d.function.arguments for d in deltas) == whole.choices[0].message.tool_calls[0].function.arguments
+    required = list(client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER], tool_choice="required",
+                                                   temperature=0, max_tokens=60, stream=True))
+    calls = [d for chunk in required if chunk.choices for d in chunk.choices[0].delta.tool_calls or []]
+    assert calls and calls[0].function.name == "get_weather" and required[-1].choices[0].finish_reason == "tool_calls"
+    json_reply = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=200,
+                                                response_format={"type": "json_object"})
+    content = json_reply.choices[0].message.content
+    assert content.lstrip().startswith("{")
+    if json_reply.choices[0].finish_reason == "stop":  # else cut short: a valid prefix
+        assert isinstance(json.loads(content), dict)
 
 
 def test_body_limit_holds_without_content_length(server: Server) -> None:

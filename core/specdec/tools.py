@@ -97,13 +97,14 @@ class ToolUse:
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The structured-output constraint the choice needs (``None`` for ``none`` and ``auto``)."""
+        # Compact JSON: arguments need no layout, and a model cannot pad them with whitespace.
         if self.mode == "named":
-            return StructuredOutputsParams(json=_parameters(self.named))
+            return StructuredOutputsParams(json=_parameters(self.named), whitespace_flexible=False)
         if self.mode == "required":
             calls = [{"properties": {"name": {"enum": [t.function.name]}, "parameters": _parameters(t)},
                       "required": ["name", "parameters"]} for t in self.tools]
-            return StructuredOutputsParams(json={"type": "array", "minItems": 1,
-                                                 "items": {"type": "object", "anyOf": calls}})
+            return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}},
+                                           whitespace_flexible=False)
         return None
 
     def conversation(self, messages: list[dict[str, Any]], template: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:

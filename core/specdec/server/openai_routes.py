@@ -20,6 +20,7 @@ from specdec.server.handling import (EventStreamResponse, Outcome, abort_all, co
 from specdec.server.logprobs_format import chat_logprobs, completion_logprobs
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse
 from specdec.server.state import ServerState
+from specdec.tools import ToolCall, ToolCallStream
 
 #: Builds one streamed choice from its index, a text increment, the finish reason (on the last
 #: chunk), whether it is the choice's first chunk, and the log-probabilities of the tokens since
@@ -91,25 +92,55 @@ def openai_router(state: ServerState) -> APIRouter:
         body: ChatCompletionRequest = parse(ChatCompletionRequest, await request.body())
         state.check_model(body.model)
         body.check_supported()
-        prompt_ids = state.encode(body.conversation(), chat=True, param="messages")
+        tools = body.tool_use()
+        messages, template_kwargs = tools.conversation(body.conversation(), getattr(state.llm.tokenizer, "chat_template", None))
+        prompt_ids = state.encode(messages, chat=True, param="messages", template_kwargs=template_kwargs)
         max_tokens = body.max_completion_tokens or body.max_tokens or max(state.max_length - len(prompt_ids), 1)
         params = [body.sampling_params(max_tokens, i) for i in range(body.num_choices)]
         streams = await submit_all(state.engine, prompt_ids, params, "messages")
         reply = _Reply.new("chatcmpl", state.model_name)
         if body.stream:
+            replies: dict[int, ToolCallStream] = {}
+            forced: dict[int, ToolCall] = {}
 
             def choice(index: int, text: str, finish_reason: str | None, first: bool,
                        logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
-                delta = {"role": "assistant", "content": text} if first else {"content": text}
+                delta: dict[str, Any] = {"role": "assistant"} if first else {}
+                if tools.mode == "none":
+                    delta["content"] = text
+                elif tools.mode == "named":  # the reply is the call's arguments, streamed as they come
+                    call = forced.setdefault(index, ToolCall(tools.named.function.name, ""))
+                    entry: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
+                    if first:
+                        entry.update(id=call.id, type="function")
+                        entry["function"]["name"] = call.name
+                    delta["tool_calls"] = [entry]
+                else:
+                    stream = replies.setdefault(index, ToolCallStream(tools))
+                    content, calls = stream.feed(text), []
+                    if finish_reason is not None:
+                        rest, calls = stream.finish()
+                        content += rest
+                        finish_reason = tools.finish_reason(finish_reason, calls)
+                    if content or first:
+                        delta["content"] = content
+                    if calls:
+                        delta["tool_calls"] = [{"index": i, **call.openai()} for i, call in enumerate(calls)]
                 formatted = None if logprobs is None else chat_logprobs(logprobs, state.token_text)
                 return {"index": index, "delta": delta, "logprobs": formatted, "finish_reason": finish_reason}
 
             events = _events(streams, reply, "chat.completion.chunk", choice, body.include_usage, body.return_perf_metrics)
             return EventStreamResponse(events, lambda: abort_all(streams))
         outcomes = await until_disconnected(request, collect_all(streams))
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": None if o.logprobs is None else chat_logprobs(o.logprobs, state.token_text),
-                    "finish_reason": o.finish_reason} for i, o in enumerate(outcomes)]
+        choices = []
+        for i, o in enumerate(outcomes):
+            content, calls = tools.parse(o.text)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [call.openai() for call in calls]
+            choices.append({"index": i, "message": message,
+                            "logprobs": None if o.logprobs is None else chat_logprobs(o.logprobs, state.token_text),
+                            "finish_reason": tools.finish_reason(o.finish_reason, calls)})
         return JSONResponse(reply.body("chat.completion", choices, **_totals(outcomes, body.return_perf_metrics)))
 
     return router

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI and Triton endpoints, and the sampling parameters they ask for.
 
 Unknown OpenAI fields are ignored, as vLLM does, except those whose meaning this server cannot
-honour (tools, ``best_of``, ...): a non-neutral value of one of those is a 400 rather than
+honour (``best_of``, ``echo``, ...): a non-neutral value of one of those is a 400 rather than
 silently different output. Triton's generate body is strict, as Triton is about inputs.
 
 Structured output comes under OpenAI's name (``response_format``), vLLM's
@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
 from specdec.server.errors import APIError, from_validation_error
+from specdec.errors import ConfigError
 from specdec.structured_outputs import StructuredOutputsParams
+from specdec.tools import ToolUse, tool_use
 
 #: The most choices (``n``) one request may ask for: each is a request of the engine's.
 MAX_CHOICES = 16
@@ -27,7 +29,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "tools": (None, []),
 }
 
 
@@ -232,11 +233,39 @@ class ChatCompletionRequest(_OpenAIRequest):
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
 
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def tool_use(self) -> ToolUse:
+        """What ``tools`` and ``tool_choice`` ask for; a 400 naming the field that cannot be."""
+        try:
+            return tool_use(self.tools, self.tool_choice)
+        except ConfigError as exc:
+            field = str(exc).split(":", 1)[0]
+            raise APIError(400, str(exc), field) from None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        constraint = super().structured()
+        tools = self.tool_use().constraint()
+        if tools is not None and constraint is not None:
+            raise APIError(400, "tool_choice: a required or named tool call cannot be combined with another "
+                                "structured-output constraint", "tool_choice")
+        return tools or constraint
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them, with tool calls and results."""
+        out = []
+        for m in self.messages:
+            message: dict[str, Any] = {"role": m.role, "content": m.text()}
+            for name in ("tool_calls", "tool_call_id", "name"):
+                if (m.model_extra or {}).get(name) is not None:
+                    message[name] = m.model_extra[name]
+            out.append(message)
+        return out
 
 
 class TritonGenerateRequest(BaseModel):

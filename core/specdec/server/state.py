@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from jinja2 import TemplateError
 
@@ -34,10 +35,11 @@ class ServerState:
         """One token's own decoded text (how log-probabilities name tokens)."""
         return self.llm.tokenizer.decode([token_id])
 
-    def encode(self, prompt: str | list[dict[str, str]], chat: bool, param: str) -> list[int]:
+    def encode(self, prompt: str | list[dict[str, Any]], chat: bool, param: str,
+               template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Token ids of a text prompt or a conversation; a 400 naming ``param`` if it cannot be."""
         try:
-            return self.llm.encode(prompt, chat=chat)
+            return self.llm.encode(prompt, chat=chat, template_kwargs=template_kwargs)
         except ConfigError as exc:
             raise APIError(400, str(exc), param) from None
         except (ValueError, TemplateError) as exc:  # the chat template refused the messages

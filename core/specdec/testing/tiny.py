@@ -11,6 +11,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 _CHARS = string.ascii_lowercase + " .,:!?\n"
+#: Characters enough for JSON and tool calls (``make_tiny_target(chars=JSON_CHARS)``).
+JSON_CHARS = _CHARS + string.ascii_uppercase + string.digits + '{}[]"<>/_-+='
 _SPECIAL = ["<pad>", "<s>", "</s>"]
 _CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -23,9 +25,9 @@ TWO_TURNS: dict[str, Any] = {"conversation_id": "x", "conversations": [
     {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye."}]}
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A real fast tokenizer over single characters: id 0 pad, 1 bos, 2 eos, then characters."""
-    vocab = {tok: i for i, tok in enumerate(_SPECIAL + list(_CHARS))}
+def tiny_tokenizer(chars: str = _CHARS) -> PreTrainedTokenizerFast:
+    """A real fast tokenizer over single characters: id 0 pad, 1 bos, 2 eos, then ``chars``."""
+    vocab = {tok: i for i, tok in enumerate(_SPECIAL + list(chars))}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     backend.decoder = decoders.Fuse()
@@ -48,14 +50,14 @@ class TinyTarget:
 
 
 def make_tiny_target(seed: int = 0, sharpness: float = 4.0, num_layers: int = 2, hidden: int = 64,
-                     device: str | torch.device = "cpu") -> TinyTarget:
-    """A random fp32 Llama over the tiny tokenizer's vocabulary, on ``device``.
+                     device: str | torch.device = "cpu", chars: str = _CHARS) -> TinyTarget:
+    """A random fp32 Llama over the tiny tokenizer's vocabulary (of ``chars``), on ``device``.
 
     ``sharpness`` scales the output head so the next-token distributions are peaked, like a
     trained model's, rather than near uniform. The weights are drawn on the CPU, so a seed gives
     the same model on every device.
     """
-    tokenizer = tiny_tokenizer()
+    tokenizer = tiny_tokenizer(chars)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden,
