@@ -85,3 +85,36 @@ def test_suffix_drafts_over_each_learned_method_are_lossless(plain: LLM, method:
     assert [o.token_ids for o in batched] == expected
     drafts = sum(o.metrics.num_drafts for o in [*alone, *batched])
     assert 0 < taken < drafts, f"{taken} suffix drafts in {drafts} drafting steps: both kinds are needed"
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+EXTRACT = "Extract the person as JSON with name and age: Maria Lopez is 34 and lives in Madrid."
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "eagle3"])
+def test_structured_output_and_tool_calls_are_lossless(plain: LLM, method: str) -> None:
+    """Under a JSON schema and under a named or required tool call, greedy speculative output on
+    SmolLM2 is plain constrained decoding's, token for token, and parses as the schema asks."""
+    import json
+
+    from specdec import StructuredOutputsParams
+
+    schema = SamplingParams(max_tokens=48, structured_outputs=StructuredOutputsParams(json=PERSON))
+    messages = [{"role": "user", "content": EXTRACT}]
+    weather = [{"role": "user", "content": "What is the weather in Madrid?"}]
+    config = {"method": method, "num_speculative_tokens": 3, "adaptive_draft_len": False}
+    with LLM(plain.model, config, tokenizer=plain.tokenizer) as llm:
+        expected, got = plain.chat(messages, schema)[0], llm.chat(messages, schema)[0]
+        assert got.token_ids == expected.token_ids
+        if got.finish_reason == "stop":
+            assert set(json.loads(got.text)) == {"name", "age"}
+        for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+            want = plain.chat(weather, SamplingParams(max_tokens=48), tools=[WEATHER], tool_choice=choice)[0]
+            call = llm.chat(weather, SamplingParams(max_tokens=48), tools=[WEATHER], tool_choice=choice)[0]
+            assert call.token_ids == want.token_ids and call.tool_calls[0].name == "get_weather"
+            assert "city" in json.loads(call.tool_calls[0].arguments)
+        accepted = got.metrics.num_accepted_tokens + call.metrics.num_accepted_tokens
+    assert accepted > 0
