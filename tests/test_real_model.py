@@ -91,10 +91,12 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
           "required": ["name", "age"], "additionalProperties": False}
 EXTRACT = "Extract the person as JSON with name and age: Maria Lopez is 34 and lives in Madrid."
 WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"],
+                   "additionalProperties": False}}}
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "eagle3"])
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
 def test_structured_output_and_tool_calls_are_lossless(plain: LLM, method: str) -> None:
     """Under a JSON schema and under a named or required tool call, greedy speculative output on
     SmolLM2 is plain constrained decoding's, token for token, and parses as the schema asks."""

@@ -49,6 +49,8 @@ def test_required_and_named_choices_constrain_the_reply_to_the_functions_schemas
     assert schema["type"] == "array" and [a["properties"]["name"]["enum"] for a in schema["items"]["anyOf"]] == [
         ["get_weather"], ["get_time"]]
     calls = required.parse('[{"name": "get_time", "parameters": {}}]')[1]
+    cut = required.parse('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"ci')[1]
+    assert [c.name for c in cut] == ["get_time"], "the calls that came whole before max_tokens cut the reply"
     assert calls[0].name == "get_time" and required.finish_reason("stop", calls) == "tool_calls"
     assert named.finish_reason("stop", named.parse("{}")[1]) == "stop"
     # Both constraints compile (llguidance's JSON-schema support).

@@ -129,9 +129,8 @@ class ToolUse:
             return None, [ToolCall(self.named.function.name, text)]
         if self.mode == "required":
             try:
-                calls = json.loads(text)
-                return None, [ToolCall(c["name"], json.dumps(c["parameters"])) for c in calls]
-            except (ValueError, TypeError, KeyError):
+                return None, [ToolCall(c["name"], json.dumps(c["parameters"])) for c in _complete_items(text)]
+            except (TypeError, KeyError):
                 return text, []
         if self.mode == "auto":
             return parse_hermes(text)
@@ -182,6 +181,22 @@ def _with_calls_as_text(message: dict[str, Any]) -> dict[str, Any]:
         blocks.append(f"{CALL_OPEN}\n{json.dumps({'name': function['name'], 'arguments': parsed})}\n{CALL_CLOSE}")
     content = "\n".join(filter(None, [message.get("content") or "", *blocks]))
     return {k: v for k, v in {**message, "content": content}.items() if k != "tool_calls"}
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The items of a JSON array, or of as much of it as came whole (output cut by ``max_tokens``)."""
+    decoder, items = json.JSONDecoder(), []
+    position = text.find("[") + 1
+    if position == 0:
+        return items
+    while True:
+        while position < len(text) and text[position] in " \t\n\r,":
+            position += 1
+        try:
+            item, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return items
+        items.append(item)
 
 
 def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:

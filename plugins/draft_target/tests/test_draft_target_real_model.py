@@ -16,15 +16,19 @@ pytestmark = pytest.mark.real_model
 CONFIG = {"method": "draft_model", "num_speculative_tokens": 4, "adaptive_draft_len": False}
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.95, seed=0)],
-                         ids=["greedy", "seeded"])
-@pytest.mark.parametrize("options", [{}, {"confidence_threshold": 0.4}, {"draft_vocab_size": 49152},
-                                     {"parallel_drafting": False}], ids=str)
+GREEDY, SEEDED = SamplingParams(), SamplingParams(temperature=0.7, top_p=0.95, seed=0)
+
+
+@pytest.mark.parametrize(("options", "sampling"), [
+    ({}, GREEDY), ({}, SEEDED), ({"confidence_threshold": 0.4}, GREEDY), ({"draft_vocab_size": 49152}, SEEDED),
+    ({"parallel_drafting": False}, GREEDY),
+], ids=["defaults-greedy", "defaults-seeded", "confidence-greedy", "full-vocabulary-seeded", "autoregressive-greedy"])
 def test_shipped_draft_is_lossless(plain: LLM, options: dict, sampling: SamplingParams) -> None:
     """With the shipped draft's defaults (a PARD draft drafting in parallel, over the 8,192 tokens
-    its replies use most), with chains cut at the draft's low-confidence tokens
-    (``confidence_threshold``), over the full vocabulary, and drafting autoregressively: plain
-    decoding's output, greedy and sampled with a seed."""
+    its replies use most), greedy and sampled with a seed; with chains cut at the draft's
+    low-confidence tokens (``confidence_threshold``), over the full vocabulary, and drafting
+    autoregressively, each in one of the two: plain decoding's output. (The options change how
+    drafts are made, not how they are verified, so one decoding mode each covers them.)"""
     config = {**CONFIG, **options}
     expected, alone, batched = outputs_alone_and_batched(plain, config, ["writing", "coding"], sampling=sampling)
     assert [o.token_ids for o in alone] == expected
