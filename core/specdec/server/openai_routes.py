@@ -14,13 +14,13 @@ from fastapi.responses import JSONResponse, Response
 from specdec.logprobs import TokenLogprob
 from specdec.metrics import aggregate
 from specdec.server.async_engine import EngineFailure, RequestStream
+from specdec.server.chat_replies import ChatReplies
 from specdec.server.errors import APIError
 from specdec.server.handling import (EventStreamResponse, Outcome, abort_all, collect_all, event, failure, merged, perf_metrics,
                                      submit_all, until_disconnected)
 from specdec.server.logprobs_format import chat_logprobs, completion_logprobs
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse
 from specdec.server.state import ServerState
-from specdec.tools import ToolCall, ToolCallStream
 
 #: Builds one streamed choice from its index, a text increment, the finish reason (on the last
 #: chunk), whether it is the choice's first chunk, and the log-probabilities of the tokens since
@@ -99,33 +99,12 @@ def openai_router(state: ServerState) -> APIRouter:
         params = [body.sampling_params(max_tokens, i) for i in range(body.num_choices)]
         streams = await submit_all(state.engine, prompt_ids, params, "messages")
         reply = _Reply.new("chatcmpl", state.model_name)
+        replies = ChatReplies(tools)
         if body.stream:
-            replies: dict[int, ToolCallStream] = {}
-            forced: dict[int, ToolCall] = {}
 
             def choice(index: int, text: str, finish_reason: str | None, first: bool,
                        logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
-                delta: dict[str, Any] = {"role": "assistant"} if first else {}
-                if tools.mode == "none":
-                    delta["content"] = text
-                elif tools.mode == "named":  # the reply is the call's arguments, streamed as they come
-                    call = forced.setdefault(index, ToolCall(tools.named.function.name, ""))
-                    entry: dict[str, Any] = {"index": 0, "function": {"arguments": text}}
-                    if first:
-                        entry.update(id=call.id, type="function")
-                        entry["function"]["name"] = call.name
-                    delta["tool_calls"] = [entry]
-                else:
-                    stream = replies.setdefault(index, ToolCallStream(tools))
-                    content, calls = stream.feed(text), []
-                    if finish_reason is not None:
-                        rest, calls = stream.finish()
-                        content += rest
-                        finish_reason = tools.finish_reason(finish_reason, calls)
-                    if content or first:
-                        delta["content"] = content
-                    if calls:
-                        delta["tool_calls"] = [{"index": i, **call.openai()} for i, call in enumerate(calls)]
+                delta, finish_reason = replies.delta(index, text, finish_reason, first)
                 formatted = None if logprobs is None else chat_logprobs(logprobs, state.token_text)
                 return {"index": index, "delta": delta, "logprobs": formatted, "finish_reason": finish_reason}
 
@@ -134,13 +113,9 @@ def openai_router(state: ServerState) -> APIRouter:
         outcomes = await until_disconnected(request, collect_all(streams))
         choices = []
         for i, o in enumerate(outcomes):
-            content, calls = tools.parse(o.text)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = [call.openai() for call in calls]
-            choices.append({"index": i, "message": message,
-                            "logprobs": None if o.logprobs is None else chat_logprobs(o.logprobs, state.token_text),
-                            "finish_reason": tools.finish_reason(o.finish_reason, calls)})
+            message, finish_reason = replies.message(o.text, o.finish_reason)
+            choices.append({"index": i, "message": message, "finish_reason": finish_reason,
+                            "logprobs": None if o.logprobs is None else chat_logprobs(o.logprobs, state.token_text)})
         return JSONResponse(reply.body("chat.completion", choices, **_totals(outcomes, body.return_perf_metrics)))
 
     return router

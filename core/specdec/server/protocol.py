@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from specdec.errors import ConfigError
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
 from specdec.server.errors import APIError, from_validation_error
-from specdec.errors import ConfigError
 from specdec.structured_outputs import StructuredOutputsParams
 from specdec.tools import ToolUse, tool_use
 
@@ -227,15 +227,15 @@ class ChatCompletionRequest(_OpenAIRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    #: OpenAI's function tools (:mod:`specdec.tools`); ``parallel_tool_calls`` is accepted, not enforced.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
-
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
 
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
