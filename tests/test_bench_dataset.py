@@ -54,3 +54,18 @@ def test_a_malformed_constraint_in_a_row_is_a_clear_error(tmp_path):
     path.write_text('{"question_id": 1, "turns": ["hi"], "structured_outputs": {"regex": "a", "choice": ["b"]}}\n')
     with pytest.raises(ConfigError, match="line 1: structured_outputs: Value error, set exactly one of json, regex, choice, grammar, json_object \\(got regex, choice\\)$"):
         load_questions(str(path))
+
+
+def test_tool_call_rows_offer_their_tools_and_constrain_the_call(tiny):
+    """The bundled tool-call set: each row's tools are offered in the prompt (a Hermes-style system
+    prompt for a template without tools) and its tool choice becomes the reply's constraint."""
+    from specdec import LLM
+    from specdec.sampling import SamplingParams
+
+    questions = load_questions("tool_calls")
+    assert len(questions) == 16 and sorted({q.category for q in questions}) == ["named", "required"]
+    named = next(q for q in questions if q.category == "named")
+    assert named.params(SamplingParams()).structured_outputs.json_schema == named.tools.named.function.parameters
+    llm = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    messages = [{"role": "user", "content": "hi"}]
+    assert len(named.encode(llm, messages)) > len(llm.encode(messages, chat=True))

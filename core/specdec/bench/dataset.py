@@ -1,5 +1,6 @@
 """Spec-Bench-format prompt sets: jsonl rows with ``question_id``, ``category`` and ``turns``, and
-optionally ``structured_outputs`` (vLLM's field: the constraint every turn's answer follows)."""
+optionally ``structured_outputs`` (vLLM's field: the constraint every turn's answer follows) or
+``tools`` and ``tool_choice`` (OpenAI's: the tools offered and the call asked for)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,22 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from specdec.errors import ConfigError
 from specdec.sampling import SamplingParams
 from specdec.structured_outputs import StructuredOutputsParams
+from specdec.tools import ToolUse, tool_use
+
+if TYPE_CHECKING:
+    from specdec.llm import LLM
 
 #: Prompt sets shipped with specdec (evaluation only: never train on them).
 BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/question.jsonl",
-           "code_edits": "code_edits/question.jsonl", "json_extraction": "json_extraction/question.jsonl"}
+           "code_edits": "code_edits/question.jsonl", "json_extraction": "json_extraction/question.jsonl",
+           "tool_calls": "tool_calls/question.jsonl"}
 
 #: Names for groups of Spec-Bench's categories: its multi-turn conversation part is MT-Bench's
 #: eight categories, 10 prompts each.
@@ -31,12 +38,22 @@ class Question:
     category: str
     turns: list[str]
     structured_outputs: StructuredOutputsParams | None = None
+    tools: ToolUse | None = None
 
     def params(self, params: SamplingParams) -> SamplingParams:
-        """``params`` with this question's constraint, if it has one."""
-        if self.structured_outputs is None:
+        """``params`` with this question's constraint (its own, or its tool call's), if it has one."""
+        constraint = self.tools.constraint() if self.tools is not None else None
+        constraint = constraint or self.structured_outputs
+        if constraint is None:
             return params
-        return params.model_copy(update={"structured_outputs": self.structured_outputs})
+        return params.model_copy(update={"structured_outputs": constraint})
+
+    def encode(self, llm: LLM, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt's token ids for a conversation, with this question's tools offered."""
+        if self.tools is None:
+            return llm.encode(messages, chat=True)
+        shown, template_kwargs = self.tools.conversation(messages, getattr(llm.tokenizer, "chat_template", None))
+        return llm.encode(shown, chat=True, template_kwargs=template_kwargs)
 
 
 def load_questions(dataset: str, categories: list[str] | None = None, per_category: int | None = None) -> list[Question]:
@@ -62,9 +79,12 @@ def load_questions(dataset: str, categories: list[str] | None = None, per_catego
                 raise ValueError("`turns` must be a non-empty list of non-empty strings")
             constraint = row.get("structured_outputs")
             constraint = None if constraint is None else StructuredOutputsParams(**constraint)
-            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), turns, constraint))
+            tools = tool_use(row["tools"], row.get("tool_choice")) if "tools" in row else None
+            questions.append(Question(str(row["question_id"]), str(row.get("category", "default")), turns, constraint, tools))
         except ValidationError as exc:
             raise ConfigError(f"--dataset: {source} line {n}: structured_outputs: {exc.errors()[0]['msg']}") from None
+        except ConfigError as exc:  # tools or tool_choice
+            raise ConfigError(f"--dataset: {source} line {n}: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--dataset: {source} line {n} is not a Spec-Bench row ({type(exc).__name__}: {exc})") from None
     if categories:

@@ -116,7 +116,7 @@ def run_benchmark(
         PLAIN: lambda ids, p: _run_llm(plain, ids, p),
         SPEC: lambda ids, p: _run_llm(spec, ids, p),
     }
-    if (hf is not None or hf_static is not None) and any(q.structured_outputs for q in questions):
+    if (hf is not None or hf_static is not None) and any(q.structured_outputs or q.tools for q in questions):
         raise ConfigError("--baseline hf: transformers' generate cannot follow the prompts' structured_outputs; "
                           "leave the hf baseline out for this prompt set")
     if hf is not None:
@@ -138,7 +138,7 @@ def run_benchmark(
         messages: list[dict[str, str]] = []
         for turn, text in enumerate(q.turns[:max_turns]):
             messages.append({"role": "user", "content": text})
-            prompt_ids = plain.encode(messages, chat=True)
+            prompt_ids = q.encode(plain, messages)
             rounds = []
             for round_ in range(repeats):
                 runs = {mode: runners[mode](prompt_ids, q.params(params)) for mode in order}
@@ -186,7 +186,7 @@ def run_batched_benchmark(
                 prompts = []
                 for q in batch:
                     conversations[q.question_id].append({"role": "user", "content": q.turns[turn]})
-                    prompts.append(plain.encode(conversations[q.question_id], chat=True))
+                    prompts.append(q.encode(plain, conversations[q.question_id]))
                 rounds = []
                 for round_ in range(repeats):
                     runs = {mode: _run_llm_batch(llms[mode], prompts, [q.params(params) for q in batch]) for mode in order}
