@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -143,8 +142,6 @@ class Grammar(LogitsProcessor):
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.terminated = False
-        #: Seconds spent computing masks (the cost per step the benchmark reports).
-        self.mask_seconds = 0.0
 
     def _positions(self, rows: VerifyRows) -> Iterator[tuple[int, bool]]:
         """Move the matcher to each row's prefix in turn: ``(row, constrained)``; a row past an
@@ -175,7 +172,6 @@ class Grammar(LogitsProcessor):
                 self.matcher.rollback(len(consumed))
 
     def apply(self, logits: torch.Tensor, rows: VerifyRows) -> torch.Tensor:
-        start = time.perf_counter()
         words = (self.vocab_size + 31) // 32
         bitmask = torch.zeros(len(rows), words, dtype=torch.int32)
         constrained = []
@@ -189,7 +185,6 @@ class Grammar(LogitsProcessor):
             allowed = bits.reshape(len(constrained), -1)[:, : logits.shape[-1]].bool().to(logits.device)
             index = torch.tensor(constrained, device=logits.device)
             logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
-        self.mask_seconds += time.perf_counter() - start
         return logits
 
     def usable_drafts(self, rows: VerifyRows) -> int:

@@ -7,11 +7,15 @@ is always a 4xx, never a 500.
 
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+
+from specdec.errors import ConfigError
 
 _TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
@@ -39,6 +43,13 @@ class BodyTooLarge(Exception):
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"the request body exceeds the limit of {limit} bytes")
+
+
+def from_config_error(exc: ConfigError, default: str) -> APIError:
+    """A 400 for a :class:`ConfigError`, naming the field its message starts with
+    (``logit_bias: ...``, ``structured_outputs.regex: ...``), else ``default``."""
+    match = re.match(r"([a-z_][a-z_.]*): ", str(exc))
+    return APIError(400, str(exc), match.group(1) if match and match.group(1) != "prompt" else default)
 
 
 def from_validation_error(exc: ValidationError) -> APIError:

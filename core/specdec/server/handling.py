@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from specdec.metrics import RequestMetrics
 from specdec.requests import RequestDelta
 from specdec.sampling import SamplingParams
 from specdec.server.async_engine import AsyncEngine, EngineFailure, RequestStream
-from specdec.server.errors import APIError
+from specdec.server.errors import APIError, from_config_error
 
 T = TypeVar("T")
 
@@ -37,16 +36,9 @@ async def submit(engine: AsyncEngine, prompt_ids: list[int], params: SamplingPar
     except QueueFullError as exc:
         raise APIError(429, str(exc), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
     except ConfigError as exc:
-        raise APIError(400, str(exc), _named_field(str(exc), param)) from None
+        raise from_config_error(exc, param) from None
     except EngineFailure as exc:
         raise APIError(503, str(exc)) from None
-
-
-def _named_field(message: str, default: str) -> str:
-    """The field an engine error names (``logit_bias: ...``, ``structured_outputs.regex: ...``),
-    else ``default`` (the prompt's field)."""
-    match = re.match(r"([a-z_][a-z_.]*): ", message)
-    return match.group(1) if match and match.group(1) != "prompt" else default
 
 
 async def submit_all(engine: AsyncEngine, prompt_ids: list[int], params: list[SamplingParams], param: str) -> list[RequestStream]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from specdec.errors import ConfigError
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
-from specdec.server.errors import APIError, from_validation_error
+from specdec.server.errors import APIError, from_config_error, from_validation_error
 from specdec.structured_outputs import StructuredOutputsParams
 from specdec.tools import ToolUse, tool_use
 
@@ -245,8 +245,7 @@ class ChatCompletionRequest(_OpenAIRequest):
         try:
             return tool_use(self.tools, self.tool_choice)
         except ConfigError as exc:
-            field = str(exc).split(":", 1)[0]
-            raise APIError(400, str(exc), field) from None
+            raise from_config_error(exc, "tools") from None
 
     def structured(self) -> StructuredOutputsParams | None:
         constraint = super().structured()
