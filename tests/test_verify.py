@@ -280,6 +280,68 @@ def test_a_seeded_tree_keeps_the_path_of_the_targets_own_draws():
     assert chain.tolist() == [picks[0], picks[1], picks[4]]
 
 
+def test_a_sampled_tree_of_deterministic_drafts_follows_the_target():
+    """Multi-candidate rejection sampling over a tree without draft probs (unseeded sampling):
+    the first token follows the root's row and, after a kept child, the second token that
+    child's row, for a tree with several children per node, a duplicate child and a child the
+    target gives no mass. Checked by chi-square against the exact joint distribution, and the
+    same check catches a verifier that keeps the first child the target allows."""
+    vocab = 5
+    rows = torch.tensor([
+        [0.30, 0.25, 0.00, 0.40, 0.05],  # root: children 1, 1 (duplicate), 2 (no mass), 3
+        [0.10, 0.20, 0.30, 0.15, 0.25],  # node 0 (token 1): children 4, 0
+        [0.20, 0.20, 0.20, 0.20, 0.20],  # node 1 (duplicate of node 0, never kept)
+        [0.20, 0.20, 0.20, 0.20, 0.20],  # node 2 (token 2)
+        [0.50, 0.10, 0.10, 0.20, 0.10],  # node 3 (token 3): leaf, its row gives the bonus token
+        [0.25, 0.25, 0.25, 0.25, 0.00],  # node 4 (token 4, child of node 0)
+        [0.40, 0.30, 0.10, 0.10, 0.10],  # node 5 (token 0, child of node 0)
+    ])
+    proposal = DraftProposal([1, 1, 2, 3, 4, 0], parents=[-1, -1, -1, -1, 0, 0])
+    row_of = {1: 1, 3: 4}  # a first token that is a child's: the row its second token is drawn from
+    expected = {}
+    for first in range(vocab):
+        if first in row_of:
+            for second in range(vocab):
+                expected[(first, second)] = float(rows[0, first] * rows[row_of[first], second])
+        else:
+            expected[(first,)] = float(rows[0, first])
+    request = _request(0, SamplingParams(temperature=1.0), vocab=vocab)
+    logits = rows.clamp_min(1e-30).log()
+
+    def draws(verify) -> Counter:
+        torch.manual_seed(0)
+        observed = Counter()
+        for _ in range(4000):
+            result = verify(request, proposal, logits)
+            observed[tuple(result.emitted(proposal)[:2])] += 1
+        return observed
+
+    def ours(request, proposal, logits):
+        return verify_requests([request], [proposal], [logits])[0]
+
+    def first_allowed(request, proposal, logits):  # wrong: no probabilistic rejection
+        node = next(i for i, (t, p) in enumerate(zip(proposal.token_ids, proposal.parents)) if p == -1 and rows[0, t] > 0)
+        return VerifyResult(1, int(torch.multinomial(rows[node + 1], 1)), [node])
+
+    categories = sorted(c for c in expected if expected[c] > 0)
+    total = sum(expected[c] for c in categories)
+    for verify, lossless in ((ours, True), (first_allowed, False)):
+        observed = draws(verify)
+        assert set(observed) <= set(categories)
+        counts = [observed[c] for c in categories]
+        p_value = chisquare(counts, [expected[c] / total * sum(counts) for c in categories]).pvalue
+        assert (p_value > P_VALUE_FLOOR) == lossless, (verify.__name__, p_value)
+
+
+def test_a_sampled_tree_with_draft_probs_is_refused():
+    """Multi-candidate rejection sampling here is for deterministic drafts; a tree whose drafts
+    carry a distribution, for an unseeded sampled request, is a one-line error."""
+    request = _request(0, SamplingParams(temperature=1.0), vocab=5)
+    proposal = DraftProposal([1, 2], torch.full((2, 5), 0.2), parents=[-1, -1])
+    with pytest.raises(VerifyInputError, match="trees with draft probs for greedy or seeded requests only"):
+        verify_requests([request], [proposal], [torch.zeros(3, 5)])
+
+
 # -- (c) the conformance statistical check can fail -------------------------------------------------
 
 

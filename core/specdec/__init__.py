@@ -29,7 +29,7 @@ from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from specdec.suffix import SuffixCache
-from specdec.trees import TreeCandidates, node_depths, parents_of_paths, path_to
+from specdec.trees import DraftTree, TreeCandidates, node_depths, parents_of_paths, path_to
 from specdec.verify import verify_requests
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "ConfigError",
     "DEFAULT_MODEL",
     "DraftProposal",
+    "DraftTree",
     "DraftVocabularyConfig",
     "DraftingConfig",
     "GuidedDecodingParams",

@@ -74,6 +74,41 @@ class TreeCandidates:
         return torch.cat(self._tokens)[order].tolist(), new_parents.tolist()
 
 
+class DraftTree:
+    """A tree of draft tokens built node by node, parents first, as a proposal lays it out.
+
+    Adding a token under a parent that already has a child with that token returns that child:
+    both would have the same ancestors and token, so the same forward row. Chains from several
+    sources (n-gram candidates, a lookahead window) thus share their common prefixes.
+    """
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.parents: list[int] = []
+        self._nodes: dict[tuple[int, int], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def add(self, parent: int, token: int) -> int:
+        """The node for ``token`` under ``parent`` (``-1``: the root), added if it is new."""
+        node = self._nodes.get((parent, token))
+        if node is None:
+            node = len(self.token_ids)
+            self.token_ids.append(token)
+            self.parents.append(parent)
+            self._nodes[(parent, token)] = node
+        return node
+
+    def add_chain(self, tokens: Sequence[int], parent: int = -1) -> list[int]:
+        """The nodes of ``tokens`` as a chain below ``parent``, added where new."""
+        nodes = []
+        for token in tokens:
+            parent = self.add(parent, token)
+            nodes.append(parent)
+        return nodes
+
+
 def parents_of_paths(paths: Sequence[Sequence[int]]) -> list[int]:
     """The parent index of each node of a tree given by its nodes' paths from the root.
 

@@ -15,7 +15,11 @@ length or the drafts.
 Sampled requests without a seed use rejection sampling (Leviathan et al. 2023; Chen et al.
 2023) against the target distribution shaped by each request's own params, which keeps a
 stochastic draft more often than matching a pick does; a proposal without ``probs`` (n-gram) has
-a one-hot ``q``. Output follows the target distribution. They verify chains only.
+a one-hot ``q``. Output follows the target distribution. A tree of deterministic drafts (no
+``probs``: n-gram pools, suffix trees, lookahead windows) is verified by multi-candidate
+rejection sampling (SpecInfer, Miao et al. 2024): at each node the children are tried in order,
+each kept with its probability under the residual distribution, a rejected child's token
+removed from the residual; the token after the kept path is drawn from the last residual.
 
 Each group runs as one padded batch.
 """
@@ -40,12 +44,17 @@ def verify_requests(
     chains = [i for i in range(len(requests)) if picked[i] and not is_tree[i]]
     trees = [i for i in range(len(requests)) if picked[i] and is_tree[i]]
     sampled = [i for i in range(len(requests)) if not picked[i]]
-    if any(is_tree[i] for i in sampled):
+    sampled_trees = [i for i in sampled if is_tree[i]]
+    sampled = [i for i in sampled if not is_tree[i]]
+    if any(proposals[i].probs is not None for i in sampled_trees):
         raise VerifyInputError(
-            "DraftProposal.parents: the core verifies draft trees for greedy or seeded requests only; propose "
-            "a chain for a sampled request without a seed, or verify trees in your plugin's specdec_verify"
+            "DraftProposal.parents: the core verifies trees with draft probs for greedy or seeded requests only; "
+            "propose a chain, or a tree of deterministic drafts (probs=None), for a sampled request without a "
+            "seed, or verify such trees in your plugin's specdec_verify"
         )
-    for group, verify in ((chains, _verify_chains), (trees, _verify_trees), (sampled, _verify_sampled)):
+    groups = ((chains, _verify_chains), (trees, _verify_trees), (sampled, _verify_sampled),
+              (sampled_trees, _verify_sampled_trees))
+    for group, verify in groups:
         if group:
             outcome = verify([requests[i] for i in group], [proposals[i] for i in group], [target_logits[i] for i in group])
             for i, result in zip(group, outcome):
@@ -115,6 +124,42 @@ def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], log
     uniform = _stack_padded([u for u, _ in draws], k)
     exponential = torch.stack([e for _, e in draws])
     return _results(kernels.rejection_accept(draft_ids, num_drafts, draft_probs, target_probs, uniform, exponential))
+
+
+def _verify_sampled_trees(requests: list[Request], proposals: list[DraftProposal],
+                          logits: list[torch.Tensor]) -> list[VerifyResult]:
+    """Multi-candidate rejection sampling down each request's tree of deterministic drafts.
+
+    At a node whose target distribution is ``p``, child ``c`` is kept with probability
+    ``r(c) / sum(r)``, ``r`` the residual: ``p`` without the tokens of the children rejected before
+    it. A kept child's row gives the next node's ``p``; when every child is rejected, the next
+    token is drawn from ``r``. By induction over the children, the token emitted at each position
+    is distributed as ``p``: lossless, whatever the tree (a duplicate child is always rejected).
+    """
+    results = []
+    for request, proposal, rows in zip(requests, proposals, logits):
+        probs = logits_to_probs(rows, request.params).float()
+        children: list[list[int]] = [[] for _ in range(len(proposal) + 1)]
+        for node, parent in enumerate(proposal.parents):
+            children[parent + 1].append(node)
+        row, path = 0, []
+        while True:
+            residual = probs[row]
+            for node in children[row]:
+                token = proposal.token_ids[node]
+                mass, kept = torch.stack([residual.sum(), residual[token]]).tolist()
+                if kept > 0 and float(torch.rand(())) * mass < kept:
+                    path.append(node)
+                    row = node + 1
+                    break
+                if kept > 0:
+                    residual = residual.clone()
+                    residual[token] = 0.0
+            else:
+                next_token = int(race(residual, exponential_noise(residual.shape[-1], None, residual.device)))
+                results.append(VerifyResult(len(path), next_token, path))
+                break
+    return results
 
 
 def _random_numbers(k: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

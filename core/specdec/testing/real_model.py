@@ -20,10 +20,12 @@ def plain() -> Iterator[LLM]:
     """Fixture: plain float32 decoding on SmolLM2-135M-Instruct, loaded once per test module
     (which takes it by importing it from here), with every core for as long as it is in use.
 
-    Test suites pin torch to one thread for their tiny models; a real model wants all of them.
+    Test suites pin torch to one thread for their tiny models; a real model wants all of them, or
+    its share of them when pytest-xdist runs several workers side by side.
     """
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     try:
         with LLM(None, None, dtype="float32") as llm:
             yield llm
