@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec import LLM, DraftProposal, SamplingParams, SpecdecError, UserProvidedDecodingConfig
+from specdec import LLM, DraftProposal, SamplingParams, UserProvidedDecodingConfig
 
 
 class BranchingOracle:
@@ -56,15 +56,20 @@ def test_tree_drafts_are_lossless_and_take_the_right_branch(tiny, cases, max_bat
         assert len(per_pos) == 3, "one per-position count per tree level (depth 3), not per node (5)"
 
 
-def test_unseeded_sampled_requests_with_trees_are_refused_clearly(tiny, cases):
-    """The core verifies trees against the target's own picks: the argmax, or a seeded request's
-    draw. A sampled request without a seed (rejection sampling, chains only) with a tree is an
-    error that says what to do, not a silently wrong sample."""
+def test_unseeded_sampled_trees_take_the_right_branch(tiny, cases):
+    """A sampled request without a seed verifies its tree of deterministic drafts by
+    multi-candidate rejection sampling: with top-k 1 the target's distribution is its argmax, so
+    the output is plain greedy decoding's and the second, true branch is accepted after the first
+    is rejected (the sampled distribution itself is tested in test_verify.py and by every tree
+    method's conformance suite)."""
     prompts, outputs, _ = cases
-    oracle = BranchingOracle({tuple(prompts[0]): prompts[0] + outputs[0]}, tiny.model.config.vocab_size)
+    oracle = BranchingOracle({tuple(p): p + o for p, o in zip(prompts, outputs)}, tiny.model.config.vocab_size)
     config = UserProvidedDecodingConfig(drafter=oracle, max_draft_len=5, adaptive_draft_len=False)
-    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm, pytest.raises(SpecdecError, match="greedy or seeded requests only"):
-        llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(temperature=1.0, max_tokens=8))
+    params = SamplingParams(temperature=1.0, top_k=1, max_tokens=30, ignore_eos=True)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [g.token_ids for g in got] == outputs
+    assert all(g.metrics.num_accepted_tokens >= 3 * (g.metrics.num_drafts - 1) for g in got)
 
 
 def test_seeded_sampled_trees_give_the_plain_seeded_output(tiny, cases):

@@ -54,8 +54,7 @@ class SuffixDecodingConfig(DraftingConfig):
     suffix_decoding_tree_spec: bool = Field(
         default=True,
         description=(
-            "Draft a tree (the most probable continuations, best first) for greedy and seeded requests; a chain "
-            "(the most probable path) otherwise. Sampled requests without a seed always get a chain."
+            "Draft a tree (the most probable continuations, best first); a chain (the most probable path) otherwise."
         ),
     )
 

@@ -40,8 +40,7 @@ class SuffixResources(ResourceManager):
 
     def propose(self, request: Request) -> DraftProposal:
         c = self.config
-        # The core verifies trees for greedy and seeded requests; others get the best path.
-        tree = c.suffix_decoding_tree_spec and (request.params.greedy or request.noise is not None)
+        tree = c.suffix_decoding_tree_spec
         draft = self.cache.speculate(request.request_id, request.token_ids, request.max_draft_len,
                                      c.suffix_decoding_max_spec_factor, c.suffix_decoding_max_spec_offset,
                                      c.suffix_decoding_min_token_prob, tree)

@@ -1,6 +1,6 @@
 """Suffix decoding on the embedded default model (SmolLM2-135M-Instruct), float32: greedy and
-seeded output equal plain decoding's on Spec-Bench prompts, alone and batched, with tree drafts
-(greedy, seeded) and chains (unseeded sampling, whose distribution is the target's)."""
+seeded output equal plain decoding's on Spec-Bench prompts, alone and batched, and unseeded
+sampling's distribution is the target's, all with tree drafts."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_suffix_is_lossless(plain: LLM, sampling: SamplingParams) -> None:
 
 
 def test_suffix_sampling_follows_target(plain: LLM) -> None:
-    """Unseeded requests draft chains from the earlier samples' outputs (the global tree), and
+    """Unseeded requests draft trees from the earlier samples' outputs (the global tree), and
     three sampled tokens (top-k 2) follow the exact joint distribution (chi-square)."""
     p_value, accepted = sampled_distribution_p_value(plain, {**CONFIG, "num_speculative_tokens": 2},
                                                      "The three primary colors are")
