@@ -1,9 +1,12 @@
 """Benchmark `specdec serve` with NVIDIA's aiperf, a client nobody here wrote.
 
-For each server (plain decoding, n-gram, EAGLE-3 by default) it starts `specdec serve` on a free
-port, runs `aiperf profile` against its streaming chat endpoint at each concurrency with
-Spec-Bench first turns (n-gram: summarization and rag; EAGLE-3: mt_bench's eight categories;
-plain: both sets, as the baseline of each), then stops the server with SIGTERM. It does so in
+For each server (plain decoding, n-gram, EAGLE-3 by default; suffix decoding and lookahead on
+request) it starts `specdec serve` on a free port, runs `aiperf profile` against its streaming
+chat endpoint at each concurrency with Spec-Bench first turns (n-gram: summarization and rag;
+EAGLE-3: mt_bench's eight categories; suffix: summarization and rag, and a repeated-request set;
+lookahead: summarization and rag, and mt_bench; plain: every set the others run, as the baseline
+of each), then stops the server with SIGTERM. The repeated-request set sends eight prompts, one
+per category, then the same eight again, as retries, n-sampling and agent loops resend a task. It does so in
 `--rounds` rounds, the servers' order rotating from round to round, so that a machine that
 speeds up or slows down during the run does not favour one server; each speculative server is
 compared with the plain server of the same round, and the table gives the means over rounds
@@ -45,12 +48,17 @@ SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 AIPERF_VENV = ROOT / ".venv-aiperf"
 AIPERF_VERSION = "0.13.0"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-PROMPT_SETS = {"sum_rag": ("summarization", "rag"), "mt_bench": MT_BENCH}
-#: (label, `specdec serve` method arguments, prompt sets it runs).
+PROMPT_SETS = {"sum_rag": ("summarization", "rag"), "mt_bench": MT_BENCH, "repeat": MT_BENCH}
+#: Prompt sets whose prompts are sent twice over, in the same order.
+REPEATED = ("repeat",)
+#: (label, `specdec serve` method arguments, prompt sets it runs); the plain server runs every
+#: set the chosen speculative servers run.
 SERVERS = {
-    "plain": (["--method", "none"], ("sum_rag", "mt_bench")),
+    "plain": (["--method", "none"], ()),
     "ngram": (["--method", "ngram"], ("sum_rag",)),
     "eagle3": (["--method", "eagle3"], ("mt_bench",)),
+    "suffix": (["--method", "suffix"], ("sum_rag", "repeat")),
+    "lookahead": (["--method", "lookahead"], ("sum_rag", "mt_bench")),
 }
 #: aiperf's request rate cap (requests/s), far above what the server completes: see `_profile`.
 POLL_RATE = 50
@@ -78,10 +86,15 @@ def main() -> None:
         [sys.executable, "-c", "from specdec.models import default_model_dir; print(default_model_dir())"], text=True
     ).strip()
     for name, categories in PROMPT_SETS.items():
-        _write_prompts(args.out / f"{name}.jsonl", categories)
+        _write_prompts(args.out / f"{name}.jsonl", categories, repeated=name in REPEATED)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    runs = [(s, p, c) for s in servers for p in SERVERS[s][1] for c in concurrencies]
+    unknown = [s for s in servers if s not in SERVERS]
+    if unknown:
+        parser.error(f"--servers: unknown {', '.join(unknown)} (choose from {', '.join(SERVERS)})")
+    every_set = [p for p in PROMPT_SETS if any(p in SERVERS[s][1] for s in servers)]
+    sets = {s: every_set if s == "plain" else SERVERS[s][1] for s in servers}
+    runs = [(s, p, c) for s in servers for p in sets[s] for c in concurrencies]
     results: list[dict] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
@@ -99,7 +112,7 @@ def main() -> None:
                                         "concurrency": concurrency, **summary})
                         progress.advance(task)
                     if args.offline and server != "plain" and round_ == args.rounds - 1:
-                        for prompts in SERVERS[server][1]:
+                        for prompts in sets[server]:
                             progress.update(task, description=f"{server} on {prompts}: served against in-process")
                             offline[f"{server}/{prompts}"] = _served_vs_offline(server, port, args.out / f"{prompts}.jsonl", args)
             order = order[1:] + order[:1]
@@ -121,17 +134,21 @@ def _aiperf() -> Path:
     return exe
 
 
-def _write_prompts(path: Path, categories: tuple[str, ...]) -> None:
+def _write_prompts(path: Path, categories: tuple[str, ...], repeated: bool = False) -> None:
     """aiperf's single_turn format, one {"text": first turn} per line, taking the categories in
-    turn (aiperf sends the file in order, so any first N prompts cover every category)."""
+    turn (aiperf sends the file in order, so any first N prompts cover every category).
+    ``repeated``: one prompt per category, then the same prompts again."""
     by_category: dict[str, list[str]] = {c: [] for c in categories}
     with SPEC_BENCH.open() as src:
         for line in src:
             row = json.loads(line)
             if row["category"] in by_category:
                 by_category[row["category"]].append(row["turns"][0])
+    groups = list(zip(*by_category.values()))
+    if repeated:
+        groups = groups[:1] * 2
     with path.open("w") as out:
-        for group in zip(*by_category.values()):
+        for group in groups:
             out.writelines(json.dumps({"text": text}) + "\n" for text in group)
 
 

@@ -223,9 +223,15 @@ class MethodConformance:
 
     def test_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
         """Speculative sampling draws from the target's own distribution (chi-square), in the
-        configuration users get: the adaptive draft length on and no seed (rejection sampling)."""
+        configuration users get: the adaptive draft length on and no seed (rejection sampling).
+
+        The adaptive policy follows measured timings: on a busy machine it may find that drafting
+        does not pay at this batch size and verify too few drafts to prove anything. Then the
+        samples are drawn again at the fixed draft length, which verifies the same way."""
         prompt = prompts[0]
         observed, metrics = self._sampled_outcomes(target, config, prompt, seeded=False)
+        if not 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens:
+            observed, metrics = self._sampled_outcomes(target, fixed_draft_len(config), prompt, seeded=False)
         assert 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens, (
             "the samples saw no acceptance or no rejection: the test would prove nothing"
         )

@@ -71,7 +71,8 @@ def test_the_pool_keeps_the_newest_ngrams_per_key():
 def test_the_next_row_is_the_targets_pick_after_each_column(tiny, monkeypatch):
     """In the engine, the row the window receives after a step is, column by column, the
     target's greedy pick after that column's context (checked by a plain forward of the
-    context): the window reads the right rows of the verify forward."""
+    context), while the window fills and once it is full (4 rows): the window reads the right
+    rows of the verify forward."""
     records = []
     accept, advance = LookaheadResources.accept, LookaheadWindow.advance
 
@@ -86,11 +87,11 @@ def test_the_next_row_is_the_targets_pick_after_each_column(tiny, monkeypatch):
 
     monkeypatch.setattr(LookaheadResources, "accept", recording_accept)
     monkeypatch.setattr(LookaheadWindow, "advance", recording_advance)
-    config = LookaheadDecodingConfig(max_window_size=3, max_ngram_size=3, adaptive_draft_len=False)
+    config = LookaheadDecodingConfig(max_window_size=3, max_ngram_size=5, adaptive_draft_len=False)
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
-        llm.generate({"prompt_token_ids": tiny.encode("the cat sat on the mat")}, SamplingParams(max_tokens=24))
+        llm.generate({"prompt_token_ids": tiny.encode("the cat sat on the mat")}, SamplingParams(max_tokens=64, ignore_eos=True))
     forwarded = [r for r in records if r["next_row"] is not None]
-    assert len(forwarded) >= 5
+    assert len(forwarded) >= 6 and {len(r["rows"]) for r in forwarded} == {1, 2, 3, 4}
     for record in forwarded:
         rows = record["rows"]
         for column, picked in enumerate(record["next_row"]):
