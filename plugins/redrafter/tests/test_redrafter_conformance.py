@@ -1,0 +1,22 @@
+"""ReDrafter passes the conformance suite with drafters in Apple's layout fitted to the tiny
+target: a recurrent drafter of Apple's trainer's shape (exit_dim 2H), and a running-sum one with
+a narrower MLP behind an input projection."""
+
+from redrafter_tiny import fitted_drafter
+
+from specdec.testing.conformance import MethodConformance
+from specdec_redrafter import ReDrafterDecodingConfig, save_drafter
+
+
+class TestReDrafterConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        directory = save_drafter(fitted_drafter(target.model), tmp_path / "drafter")
+        return ReDrafterDecodingConfig(speculative_model=str(directory), redrafter_num_beams=4, max_draft_len=3)
+
+
+class TestReDrafterSumConformance(MethodConformance):
+    def make_config(self, target, tmp_path):
+        drafter = fitted_drafter(target.model, rnn=False, exit_dim=48, layers=2)
+        directory = save_drafter(drafter, tmp_path / "drafter")
+        return {"decoding_type": "ReDrafter", "speculative_model_dir": str(directory), "redrafter_num_beams": 3,
+                "redrafter_draft_len_per_beam": 2}
