@@ -6,10 +6,13 @@ follows the target's distribution."""
 from __future__ import annotations
 
 import pytest
-
 from specdec import LLM, SamplingParams
 from specdec.testing.conformance import P_VALUE_FLOOR
-from specdec.testing.real_model import outputs_alone_and_batched, plain, sampled_distribution_p_value  # noqa: F401 (plain: a fixture)
+from specdec.testing.real_model import (  # noqa: F401 (plain: a fixture)
+    outputs_alone_and_batched,
+    plain,
+    sampled_distribution_p_value,
+)
 
 pytestmark = pytest.mark.real_model
 

@@ -5,8 +5,9 @@ after its column."""
 
 from __future__ import annotations
 
-import torch
+import itertools
 
+import torch
 from specdec import LLM, DraftTree, SamplingParams, path_to
 from specdec_lookahead import LookaheadDecodingConfig
 from specdec_lookahead.plugin import LookaheadResources
@@ -35,15 +36,16 @@ def test_jacobi_iteration_on_a_first_order_target_collects_true_ngrams():
         return (token * 7 + 3) % 50
 
     window = LookaheadWindow(width=5, ngram=4, fillers=list(range(50)), seed=1)
+    settling, pool = NGramPool(n=4, capacity=8), NGramPool(n=4, capacity=8)
     for step in range(12):
-        pool = NGramPool(n=4, capacity=8) if step <= 2 + 3 else pool  # filling: 2 steps; then 3 to iterate
         next_row = [follow(row_last) for row_last in window.rows[-1]]
-        window.advance(next_row, tokens=1, pool=pool)
+        # Filling takes 2 steps, and 3 more carry the filler columns out of the window.
+        window.advance(next_row, tokens=1, pool=settling if step < 2 + 3 else pool)
     ngrams = [(key, c) for key in range(50) for c in pool.candidates(key)]
     assert len(ngrams) >= 5
     for key, continuation in ngrams:
         chain = [key, *continuation]
-        assert all(follow(a) == b for a, b in zip(chain, chain[1:])), chain
+        assert all(follow(a) == b for a, b in itertools.pairwise(chain)), chain
 
 
 def test_advancing_by_several_tokens_moves_the_columns_left():

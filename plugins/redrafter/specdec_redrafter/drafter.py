@@ -16,7 +16,6 @@ multi-candidate rejection sampling, and output stays the target's.
 from __future__ import annotations
 
 import torch
-
 from specdec import (
     ConfigError,
     DraftProposal,
@@ -27,8 +26,13 @@ from specdec import (
     VerifyResult,
     prepack_linears,
 )
+
 from specdec_redrafter.config import ReDrafterDecodingConfig
-from specdec_redrafter.drafter_model import RecurrentDrafter, beam_log_probs, load_drafter
+from specdec_redrafter.drafter_model import (
+    RecurrentDrafter,
+    beam_log_probs,
+    load_drafter,
+)
 
 
 class ReDrafterResources(HiddenStateResources):

@@ -36,10 +36,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from specdec import ConfigError, ModelLoadError
 from torch import nn
 from torch.nn import functional as F
-
-from specdec import ConfigError, ModelLoadError
 
 MODEL_TYPE = "recurrent_drafting_drafter"
 _IGNORED_FIELDS = {"model_type", "architectures", "torch_dtype", "dtype", "transformers_version",

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specdec import DraftProposal, Request, ResourceManager, SpeculativeConfig, TargetContext, VerifyResult, hookimpl
+from specdec import (
+    DraftProposal,
+    Request,
+    ResourceManager,
+    SpeculativeConfig,
+    TargetContext,
+    VerifyResult,
+    hookimpl,
+)
+
 from specdec_redrafter.config import ReDrafterDecodingConfig
 from specdec_redrafter.drafter import ReDrafterResources
 

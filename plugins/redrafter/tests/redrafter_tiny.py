@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 
 import torch
-
 from specdec.testing.tiny import target_text
 from specdec_redrafter import DrafterSpec, RecurrentDrafter
 
