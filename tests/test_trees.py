@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from specdec.trees import DraftTree, node_depths, parents_of_paths, path_to
 
 

@@ -24,7 +24,7 @@ from specdec.models import (DEFAULT_MODEL, cache_dir, default_model_dir, drafter
 from specdec.prepacked_linear import prepack_linears
 from specdec.progress import Progress
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
-from specdec.resources import HiddenStateResources, ResourceManager, TargetContext
+from specdec.resources import HiddenStateResources, LastStateResources, ResourceManager, TargetContext
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
@@ -43,6 +43,7 @@ __all__ = [
     "GuidedDecodingParams",
     "HiddenStateResources",
     "LLM",
+    "LastStateResources",
     "LogitsProcessor",
     "ModelLoadError",
     "ModelRunner",

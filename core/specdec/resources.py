@@ -102,3 +102,19 @@ class HiddenStateResources(ResourceManager):
         self.runner.capture_hidden_states = False
         self.runner = None
         super().release()
+
+
+class LastStateResources(HiddenStateResources):
+    """Resources of a method that drafts from the target's final hidden state at the row that
+    predicted the request's last committed token (Medusa, the MLP speculator, ReDrafter): each
+    request's ``method_state`` holds it, from the prefill's last row at ``add_request`` and the
+    last accepted row at each :meth:`commit`."""
+
+    def add_request(self, request: Request) -> None:
+        request.method_state = self.last_state(request)
+
+    def commit(self, request: Request, result: VerifyResult) -> None:
+        """Keep the final hidden state of the row that predicted the new last token (call it from
+        ``specdec_accept``)."""
+        if not request.finished:
+            request.method_state = self.last_state(request, result)

@@ -5,6 +5,7 @@ imports (docs/writing-a-plugin.md); CI checks that with import-linter."""
 
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths, pad
 from specdec.training.chain_walk import ChainEvaluation, chain_acceptance, evaluate_chain, shifted
+from specdec.training.chained_loss import chained_loss
 from specdec.training.command import (
                                       DEFAULT_BASE,
                                       DTYPES,
@@ -39,7 +40,7 @@ from specdec.training.vocabulary import TrainingVocabulary, projection
 __all__ = [
     "ChainEvaluation", "DEFAULT_BASE", "DTYPES", "Example", "ExampleDataset", "FrozenTarget", "LengthGroupedBatches", "STATE_FILE",
     "Scores", "Trainee", "TrainingInputs", "TrainingOptions", "TrainingVocabulary", "World", "average_gradients",
-    "broadcast_parameters", "chain_acceptance", "chat_token_ids", "check_options", "collate", "conversation_lengths",
+    "broadcast_parameters", "chain_acceptance", "chained_loss", "chat_token_ids", "check_options", "collate", "conversation_lengths",
     "coverage", "evaluate_chain", "every_rank", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad",
     "per_output", "projection", "prompt_turns", "read_conversations", "run_training", "saved_state", "shifted",
     "sum_across", "token_counts", "tokenize_all", "trainer_options", "training_inputs", "warmup_cosine",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
+
 from specdec import DraftingConfig
 
 #: TensorRT-LLM's defaults.

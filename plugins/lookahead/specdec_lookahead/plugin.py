@@ -16,7 +16,6 @@ from specdec import (
     VerifyResult,
     hookimpl,
 )
-
 from specdec_lookahead.config import LookaheadDecodingConfig
 from specdec_lookahead.pool import NGramPool
 from specdec_lookahead.window import LookaheadWindow

@@ -19,7 +19,6 @@ import random
 from collections.abc import Sequence
 
 from specdec import DraftTree
-
 from specdec_lookahead.pool import NGramPool
 
 

@@ -6,6 +6,7 @@ follows the target's distribution."""
 from __future__ import annotations
 
 import pytest
+
 from specdec import LLM, SamplingParams
 from specdec.testing.conformance import P_VALUE_FLOOR
 from specdec.testing.real_model import (  # noqa: F401 (plain: a fixture)

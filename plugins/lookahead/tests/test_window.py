@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+
 from specdec import LLM, DraftTree, SamplingParams, path_to
 from specdec_lookahead import LookaheadDecodingConfig
 from specdec_lookahead.plugin import LookaheadResources

@@ -28,10 +28,9 @@ import torch
 from specdec import (
     ConfigError,
     DraftProposal,
-    HiddenStateResources,
+    LastStateResources,
     Request,
     TargetContext,
-    VerifyResult,
     draft_vocabulary,
     drafter_checkpoint,
     parents_of_paths,
@@ -47,7 +46,7 @@ logger = logging.getLogger(__name__)
 SHIPPED_HEADS = Path(__file__).resolve().parent / "weights" / "smollm2-medusa"
 
 
-class MedusaResources(HiddenStateResources):
+class MedusaResources(LastStateResources):
     """The loaded heads, the draft tree, and each request's head input in ``request.method_state``."""
 
     def __init__(self, config: MedusaDecodingConfig, target: TargetContext) -> None:
@@ -79,17 +78,9 @@ class MedusaResources(HiddenStateResources):
                 "(posterior_threshold=%s, posterior_alpha=%s)", config.posterior_threshold, config.posterior_alpha,
             )
 
-    def add_request(self, request: Request) -> None:
-        request.method_state = self.last_state(request)
-
     def release(self) -> None:
         self.heads = None
         super().release()
-
-    def commit(self, request: Request, result: VerifyResult) -> None:
-        """Keep the final hidden state of the row that predicted the new last token."""
-        if not request.finished:
-            request.method_state = self.last_state(request, result)
 
     @torch.inference_mode()
     def propose(self, requests: list[Request]) -> list[DraftProposal]:

@@ -24,10 +24,9 @@ import torch
 from specdec import (
     ConfigError,
     DraftProposal,
-    HiddenStateResources,
+    LastStateResources,
     Request,
     TargetContext,
-    VerifyResult,
     draft_vocabulary,
     pick_drafts,
     prepack_linears,
@@ -36,7 +35,7 @@ from specdec_mlp_speculator.config import MLPSpeculatorDecodingConfig
 from specdec_mlp_speculator.speculator import load_speculator
 
 
-class MLPSpeculatorResources(HiddenStateResources):
+class MLPSpeculatorResources(LastStateResources):
     """The loaded speculator and each request's stage-0 hidden state in ``request.method_state``."""
 
     def __init__(self, config: MLPSpeculatorDecodingConfig, target: TargetContext) -> None:
@@ -62,17 +61,9 @@ class MLPSpeculatorResources(HiddenStateResources):
             self.model.narrow_vocabulary(kept)
         self.vocab_size = target.vocab_size
 
-    def add_request(self, request: Request) -> None:
-        request.method_state = self.last_state(request)
-
     def release(self) -> None:
         self.model = None
         super().release()
-
-    def commit(self, request: Request, result: VerifyResult) -> None:
-        """Keep the final hidden state of the row that predicted the new last token."""
-        if not request.finished:
-            request.method_state = self.last_state(request, result)
 
     @torch.inference_mode()
     def propose(self, requests: list[Request]) -> list[DraftProposal]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import AliasChoices, Field
+
 from specdec import DraftingConfig
 
 

@@ -16,17 +16,16 @@ multi-candidate rejection sampling, and output stays the target's.
 from __future__ import annotations
 
 import torch
+
 from specdec import (
     ConfigError,
     DraftProposal,
     DraftTree,
-    HiddenStateResources,
+    LastStateResources,
     Request,
     TargetContext,
-    VerifyResult,
     prepack_linears,
 )
-
 from specdec_redrafter.config import ReDrafterDecodingConfig
 from specdec_redrafter.drafter_model import (
     RecurrentDrafter,
@@ -35,7 +34,7 @@ from specdec_redrafter.drafter_model import (
 )
 
 
-class ReDrafterResources(HiddenStateResources):
+class ReDrafterResources(LastStateResources):
     """The loaded drafter and each request's hidden state in ``request.method_state``."""
 
     def __init__(self, config: ReDrafterDecodingConfig, target: TargetContext) -> None:
@@ -50,18 +49,10 @@ class ReDrafterResources(HiddenStateResources):
         self.num_beams = config.redrafter_num_beams
         self.depth = config.max_draft_len
 
-    def add_request(self, request: Request) -> None:
-        request.method_state = self.last_state(request)
-
     def release(self) -> None:
         self.model = None
         self.embed = None
         super().release()
-
-    def commit(self, request: Request, result: VerifyResult) -> None:
-        """Keep the final hidden state of the row that predicted the new last token."""
-        if not request.finished:
-            request.method_state = self.last_state(request, result)
 
     @torch.inference_mode()
     def propose(self, requests: list[Request]) -> list[DraftProposal]:

@@ -36,9 +36,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from specdec import ConfigError, ModelLoadError
+
 from torch import nn
 from torch.nn import functional as F
+
+from specdec import ConfigError, ModelLoadError
 
 MODEL_TYPE = "recurrent_drafting_drafter"
 _IGNORED_FIELDS = {"model_type", "architectures", "torch_dtype", "dtype", "transformers_version",
@@ -89,12 +91,27 @@ class RecurrentDrafter(nn.Module):
             return F.silu(self.rnn_w(embedded) + self.rnn_u(state))
         return state + embedded
 
-    def logits(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """Logits over the vocabulary from the target's hidden state and the drafter's state."""
+    def features(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """What the output layer reads: ``[h, s]`` through the input projection and the blocks."""
         x = torch.cat([hidden, state], dim=-1)
         if self.input_proj is not None:
             x = self.input_proj(x)
-        return self.lm_head(x)
+        return self.lm_head[:-1](x)
+
+    @property
+    def output(self) -> nn.Linear:
+        """The output layer over the vocabulary (``lm_head.{N}``)."""
+        return self.lm_head[-1]
+
+    def logits(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Logits over the vocabulary from the target's hidden state and the drafter's state."""
+        return self.output(self.features(hidden, state))
+
+    def reset_parameters(self) -> None:
+        """A fresh drafter for training: PyTorch's default initialisation of every layer."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
 
 
 def beam_log_probs(logits: torch.Tensor) -> torch.Tensor:

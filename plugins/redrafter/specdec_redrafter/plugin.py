@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import click
+
 from specdec import (
     DraftProposal,
     Request,
@@ -13,7 +15,6 @@ from specdec import (
     VerifyResult,
     hookimpl,
 )
-
 from specdec_redrafter.config import ReDrafterDecodingConfig
 from specdec_redrafter.drafter import ReDrafterResources
 
@@ -49,3 +50,10 @@ def specdec_accept(
     if isinstance(config, ReDrafterDecodingConfig):
         for request, result in zip(requests, results):
             resource_manager.commit(request, result)
+
+
+@hookimpl
+def specdec_train_commands() -> list[click.Command]:
+    from specdec_redrafter.training.cli import redrafter
+
+    return [redrafter]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from specdec.testing import TinyTarget, make_tiny_target
 
 

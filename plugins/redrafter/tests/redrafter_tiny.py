@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 
 import torch
+
 from specdec.testing.tiny import target_text
 from specdec_redrafter import DrafterSpec, RecurrentDrafter
 

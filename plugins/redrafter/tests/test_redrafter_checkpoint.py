@@ -10,10 +10,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.nn import functional as F
+
 from specdec import LLM, ConfigError, DraftTree, ModelLoadError
 from specdec_redrafter import DrafterSpec, RecurrentDrafter, load_drafter, save_drafter
 from specdec_redrafter.drafter_model import beam_log_probs
-from torch.nn import functional as F
 
 H, V = 8, 11
 

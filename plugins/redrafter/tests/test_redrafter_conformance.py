@@ -3,6 +3,7 @@ target: a recurrent drafter of Apple's trainer's shape (exit_dim 2H), and a runn
 a narrower MLP behind an input projection."""
 
 from redrafter_tiny import fitted_drafter
+
 from specdec.testing.conformance import MethodConformance
 from specdec_redrafter import ReDrafterDecodingConfig, save_drafter
 

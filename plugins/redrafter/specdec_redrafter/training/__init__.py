@@ -1,0 +1,1 @@
+"""``specdec train redrafter``: a recurrent drafter on a frozen target, in Apple's layout."""
