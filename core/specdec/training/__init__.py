@@ -5,7 +5,7 @@ imports (docs/writing-a-plugin.md); CI checks that with import-linter."""
 
 from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths, pad
 from specdec.training.chain_walk import ChainEvaluation, chain_acceptance, evaluate_chain, shifted
-from specdec.training.chained_loss import chained_loss
+from specdec.training.chained_positions import chained_loss
 from specdec.training.command import (
                                       DEFAULT_BASE,
                                       DTYPES,
