@@ -1,5 +1,6 @@
 """The teacher-forced loss of a drafter whose draft positions follow one another through a state
-(the MLP speculator's stages, ReDrafter's recurrent steps).
+(the MLP speculator's stages, ReDrafter's recurrent steps), or all read the target's state
+(Medusa's heads: ``advance`` returns the state it is given).
 
 Position ``k`` (0-based) at sequence position ``t`` reads the state of position ``k - 1`` (position
 0: the caller's first state, from the target's final normed state at ``t``) and, teacher-forced,
@@ -64,7 +65,8 @@ def chained_loss(advance: Callable[[int, torch.Tensor], torch.Tensor],
                 scored &= future >= 0
             rows = scored.flatten().nonzero().squeeze(1)
             labels = future.flatten()[rows]
-            leaf = state.detach().requires_grad_(backward)
+            # A state no parameter shaped (Medusa's) needs no gradient: its heads' own suffice.
+            leaf = state.detach().requires_grad_(backward and state.requires_grad)
             count = int(rows.numel())
             loss_sum, correct, hit_list = 0.0, 0, []
             for start in range(0, count, chunk):
@@ -79,7 +81,7 @@ def chained_loss(advance: Callable[[int, torch.Tensor], torch.Tensor],
                 hit = out.detach().argmax(-1) == want
                 correct += int(hit.sum())
                 hit_list.append(hit)
-            if backward and leaf.grad is not None:
+            if leaf.grad is not None:
                 roots.append(state)
                 grads.append(leaf.grad)
             if keep_hits and count:
