@@ -16,6 +16,8 @@ from specdec.draft_policy import (
     ForwardCost,
     ResumeCost,
     StepTime,
+    _interpolated,
+    measured_widths,
     progress,
 )
 from specdec.resources import ResourceManager
@@ -540,3 +542,13 @@ def test_a_sampled_drafts_own_length_never_decides_its_cut(tiny):
         assert cut(SamplingParams(temperature=1.0), q) == 1
         assert cut(SamplingParams(temperature=1.0), None) == 0
         assert cut(SamplingParams(temperature=0.0), q) == 0
+
+
+def test_forward_costs_time_every_narrow_width_and_a_geometric_few_beyond() -> None:
+    """Widths up to 8 are all timed, then each at least a quarter wider than the last, then the
+    widest; the widths between are linear between their measured neighbours."""
+    assert measured_widths(3) == [1, 2, 3]
+    assert measured_widths(25) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 13, 17, 22, 25]
+    assert measured_widths(9) == [*range(1, 10)]
+    seconds = _interpolated({1: 1.0, 2: 2.0, 5: 5.0, 8: 2.0}, 8)
+    assert seconds == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0, 4.0, 3.0, 2.0])
