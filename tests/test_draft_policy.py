@@ -281,6 +281,69 @@ def test_costs_follow_the_context():
     assert costs.at(1920).relative[2] > long.relative[2]
 
 
+def test_costs_between_measured_batch_sizes_are_interpolated():
+    """A batch of 3 between measured batches of 2 and 4 takes, at every context and width, the
+    seconds halfway between theirs."""
+    two = ContextCost((128, 1024), (ForwardCost([1.0, 2.0], 0.010), ForwardCost([1.0, 3.0], 0.020)))
+    four = ContextCost((128, 1024), (ForwardCost([1.0, 1.5], 0.030), ForwardCost([1.0, 2.0], 0.040)))
+    three = ContextCost.between((2, two), (4, four), 3)
+    assert three.contexts == (128, 1024)
+    assert three.costs[0].seconds == pytest.approx([0.020, 0.0325])
+    assert three.costs[1].seconds == pytest.approx([0.030, 0.070])
+
+
+def test_engine_measures_powers_of_two_and_interpolates_the_batch_sizes_between(tiny):
+    """An engine of up to 6 requests measures batch sizes 1, 2, 4 and 6 only: a batch of 3 needs
+    2 and 4 (and borrows 1's costs until they are measured), a batch of 5 then 6."""
+    with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 2}, tokenizer=tiny.tokenizer,
+             max_batch_size=6) as llm:
+        policy = llm.engine.policy
+        assert policy.batch_sizes == [1, 2, 4, 6]
+        params = SamplingParams(max_tokens=4)
+        prompts = [{"prompt_token_ids": tiny.encode(f"hello {i}")} for i in range(5)]
+        llm.generate(prompts[:3], params)
+        assert policy.pending_measurements() == [2, 4]
+        while llm.engine.idle_work():
+            pass
+        assert sorted(policy.forward_costs) == [1, 2, 4]
+        costs = policy.forward_costs
+        three = policy._costs(3)
+        for c in range(2):
+            assert three.costs[c].seconds == pytest.approx(
+                [(a + b) / 2 for a, b in zip(costs[2].costs[c].seconds, costs[4].costs[c].seconds)])
+        llm.generate(prompts[:5], params)
+        assert policy.pending_measurements() == [6]
+        llm.warmup(6)
+        assert sorted(policy.forward_costs) == [1, 2, 4, 6] and not policy.pending_measurements()
+
+
+def test_a_static_measurement_refills_its_rows_after_the_engine_decoded(tiny, monkeypatch):
+    """On the static path the engine's batch and a measurement share the one static cache: a
+    measurement interrupted by a request fills its rows again before timing its next width,
+    while an eager one keeps its own cache."""
+    for execution, refills in (("static", 2), ("eager", 1)):
+        with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 2}, tokenizer=tiny.tokenizer,
+                 max_batch_size=2, execution=execution) as llm:
+            runner, policy = llm.runner, llm.engine.policy
+            prefills = []
+            forward_rows = runner.forward_rows
+
+            def counted(cache, rows, *args, **kwargs):
+                if rows and len(rows[0]) >= 64:  # a measurement's context, not a width or a prompt
+                    prefills.append(len(rows))
+                return forward_rows(cache, rows, *args, **kwargs)
+
+            monkeypatch.setattr(runner, "forward_rows", counted)
+            policy.want(2)
+            assert llm.engine.idle_work() and prefills == [2]
+            llm.generate({"prompt_token_ids": tiny.encode("hello")}, SamplingParams(max_tokens=4))
+            assert llm.engine.idle_work() and len(prefills) == refills
+            while llm.engine.idle_work():
+                pass
+            assert 2 in policy.forward_costs
+            monkeypatch.undo()
+
+
 def test_engine_cuts_drafts_losslessly(tiny):
     """With a cost model under which drafting never pays, the engine decodes plainly (no drafts);
     with expensive short widths it verifies only long drafts; the output never changes."""

@@ -8,7 +8,7 @@ from specdec_ngram import NGramDecodingConfig
 
 from specdec import LLM, PluginError, SamplingParams, UserProvidedDecodingConfig
 from specdec.detokenize import IncrementalDetokenizer
-from specdec.draft_policy import ContextCost
+from specdec.draft_policy import CostMeasurement
 from specdec.errors import QueueFullError, RequestFailedError
 from specdec.resources import ResourceManager
 
@@ -184,7 +184,8 @@ def test_a_plugin_failure_ends_only_its_request(tiny, prompts, alone, hook, adap
 def test_costs_are_measured_when_the_engine_starts_not_in_a_request(tiny, prompts, monkeypatch):
     """With the adaptive draft length on, the one-request forward costs exist once the LLM is
     built, so a request never waits for them; a batch size not measured yet borrows them and is
-    measured when the engine is idle (``idle_work``) or warmed up."""
+    measured when the engine is idle (``idle_work``), one width (at one context) per call, so a
+    request arriving meanwhile waits for a few forwards only."""
     with LLM(tiny.model, NGramDecodingConfig(max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
         policy = llm.engine.policy
         assert list(policy.forward_costs) == [1]
@@ -192,14 +193,17 @@ def test_costs_are_measured_when_the_engine_starts_not_in_a_request(tiny, prompt
         def refuse(*args, **kwargs):
             raise AssertionError("measured inside a request")
 
-        monkeypatch.setattr(ContextCost, "measure", refuse)
+        monkeypatch.setattr(CostMeasurement, "step", refuse)
         params = SamplingParams(max_tokens=8)
         llm.generate({"prompt_token_ids": prompts[0]}, params)
         llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params)
         assert policy.pending_measurements() == [2]
         monkeypatch.undo()
-        assert llm.engine.idle_work() and list(policy.forward_costs) == [1, 2]
-        assert not llm.engine.idle_work()
+        pieces = 0
+        while llm.engine.idle_work():
+            pieces += 1
+            assert list(policy.forward_costs) == ([1, 2] if pieces == 10 else [1])
+        assert pieces == 2 * 5  # widths 1..5, next to a short and a long context
 
 
 def test_a_failed_forward_ends_the_batch_and_the_engine_goes_on(tiny, prompts, alone, monkeypatch):

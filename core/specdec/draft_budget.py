@@ -6,10 +6,13 @@ tokens to draft lives here: the config's fixed limits (``max_concurrency``,
 forward costs, drafting and resume costs) and what each step's timings teach it.
 
 Forward costs are measured outside requests: :meth:`DraftBudget.measure` runs when the policy
-is built, with the engine (batch size 1) and, for larger batch sizes, when the engine is idle or warmed up
-(:meth:`pending_measurements`). A step at a batch size not measured yet borrows the costs of the
-nearest measured smaller batch, scaled by what that batch size's own steps measure
-(:class:`~specdec.draft_policy.StepTime`), so no request waits for a measurement.
+is built, with the engine (batch size 1), and the other batch sizes
+(powers of two and the largest, as :func:`~specdec.static_forward.batch_buckets` gives) are measured
+when the engine is warmed up or, a width at a time, when it is idle (:meth:`measure_step`). A
+batch size between two measured ones takes costs interpolated between theirs; one whose larger
+neighbour is not measured yet borrows the nearest smaller batch's. Either is scaled by what that
+batch size's own steps measure (:class:`~specdec.draft_policy.StepTime`), so no request waits
+for a measurement.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from specdec.config import SpeculativeConfig
-from specdec.draft_policy import AcceptanceEstimate, ContextCost, DraftTime, ForwardCost, ResumeCost, StepTime
+from specdec.draft_policy import (
+    AcceptanceEstimate, ContextCost, CostMeasurement, DraftTime, ForwardCost, ResumeCost, StepTime,
+)
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.runner import ModelRunner
+from specdec.static_forward import batch_buckets
 
 
 @dataclass
@@ -52,13 +58,18 @@ class DraftBudget:
 
     :param runner: the target runner whose forwards :meth:`measure` times.
     :param config: the method's config (limits, ``adaptive_draft_len``, ``adaptive_window``).
+    :param max_rows: the largest batch the engine runs.
     :param sync: waits for the device before a timer is read (CUDA), or ``None``.
     """
 
-    def __init__(self, runner: ModelRunner, config: SpeculativeConfig, sync: Callable[[], None] | None = None,
-                 draft_cost_per_token: bool = True) -> None:
+    def __init__(self, runner: ModelRunner, config: SpeculativeConfig, max_rows: int = 1,
+                 sync: Callable[[], None] | None = None, draft_cost_per_token: bool = True) -> None:
         self.runner = runner
         self.config = config
+        #: The batch sizes whose costs are measured, those the static path records (powers of
+        #: two and the largest); a batch between two of them takes costs interpolated between
+        #: theirs, or on the static path, which pads it, the larger one's.
+        self.batch_sizes = batch_buckets(max_rows)
         self.sync = sync
         #: Whether drafting costs per drafted token, or per step whatever the length
         #: (:attr:`~specdec.resources.ResourceManager.draft_cost_per_token`).
@@ -77,6 +88,8 @@ class DraftBudget:
         self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
         #: Batch sizes whose costs are still to be measured (in idle time or a warm-up).
         self._wanted: set[int] = set()
+        #: The batch size being measured a width at a time in idle moments, if any.
+        self._measuring: CostMeasurement | None = None
         # The costs of a single request's forwards, before any request can wait for them.
         self.measure(1)
 
@@ -85,21 +98,40 @@ class DraftBudget:
     @torch.inference_mode()
     def measure(self, rows: int) -> None:
         """Time the target's forwards of every verify width for a batch of ``rows`` (adaptive only)."""
+        while self.adaptive and rows not in self.forward_costs:
+            self.measure_step(rows)
         self._wanted.discard(rows)
-        if self.adaptive and rows not in self.forward_costs:
-            self.forward_costs[rows] = ContextCost.measure(
-                self.runner, self.config.max_draft_tokens + 1, rows=rows, sync=self.sync
-            )
-            # Ratios learned against a smaller batch's borrowed costs do not apply to these.
-            self.step_times.pop(rows, None)
+
+    @torch.inference_mode()
+    def measure_step(self, rows: int | None = None) -> bool:
+        """Time one width for batch size ``rows``, else for the smallest one still wanted;
+        ``False`` when there was nothing left to measure."""
+        if rows is None:
+            self._wanted.difference_update(self.forward_costs)
+            if not self._wanted:
+                return False
+            rows = min(self._wanted)
+        if not self.adaptive or rows in self.forward_costs:
+            return False
+        if self._measuring is None or self._measuring.rows != rows:
+            self._measuring = CostMeasurement(self.runner, self.config.max_draft_tokens + 1, rows, sync=self.sync)
+        if not self._measuring.step():
+            self.forward_costs[rows] = self._measuring.result()
+            self._measuring = None
+            self._wanted.discard(rows)
+            # Ratios learned against borrowed or interpolated costs do not apply to the new ones.
+            for other in [r for r in self.step_times if r not in self.forward_costs or r == rows]:
+                del self.step_times[other]
+        return True
 
     def want(self, max_rows: int) -> None:
-        """Ask for the costs of every batch size up to ``max_rows`` (measured by :meth:`measure`)."""
+        """Ask for the costs batches of up to ``max_rows`` need (measured by :meth:`measure_step`)."""
         if self.adaptive:
-            self._wanted.update(r for r in range(1, max_rows + 1) if r not in self.forward_costs)
+            wanted = {r for r in self.batch_sizes if r <= max_rows} | set(self._bracket(max_rows))
+            self._wanted.update(r for r in wanted if r not in self.forward_costs)
 
     def pending_measurements(self) -> list[int]:
-        """Batch sizes a step has run (or :meth:`want` asked for) whose costs are not measured yet."""
+        """Batch sizes a step needed (or :meth:`want` asked for) whose costs are not measured yet."""
         return sorted(self._wanted)
 
     # -- per request --------------------------------------------------------------------------
@@ -119,6 +151,8 @@ class DraftBudget:
         tokens (``None`` where only EOS or a stop can end it).
         """
         config, rows = self.config, len(batch)
+        if self._measuring is not None:
+            self._measuring.interrupted()
         limit = config.draft_len_for_batch(rows)
         budgets = [max(min(limit, left - 1), 0) for left in tokens_left]
         plan = StepBudget(budgets, rows)
@@ -192,11 +226,25 @@ class DraftBudget:
             self.step_times[plan.rows].record(drafts, seconds, plan.predicted.seconds[drafts])
 
     def _costs(self, rows: int) -> ContextCost:
-        """Measured costs for ``rows``, or the nearest smaller measured batch's while it waits to be measured."""
-        if rows in self.forward_costs:
-            return self.forward_costs[rows]
-        self._wanted.add(rows)
-        return self.forward_costs[max((r for r in self.forward_costs if r <= rows), default=min(self.forward_costs))]
+        """Costs for ``rows``: measured, interpolated between the nearest measured batch sizes
+        around it, or (while the larger is still to be measured) the nearest smaller one's."""
+        costs = self.forward_costs
+        if rows in costs:
+            return costs[rows]
+        self._wanted.update(r for r in self._bracket(rows) if r not in costs)
+        smaller = max(r for r in costs if r < rows)  # batch size 1 is measured when the policy is built
+        larger = min((r for r in costs if r > rows), default=None)
+        if larger is None:
+            return costs[smaller]
+        if self.runner.static:  # the static path pads the batch to the next size it recorded
+            return costs[larger]
+        return ContextCost.between((smaller, costs[smaller]), (larger, costs[larger]), rows)
+
+    def _bracket(self, rows: int) -> list[int]:
+        """The measured batch sizes nearest ``rows`` below and above it (``rows`` itself if it is one)."""
+        below = max(r for r in self.batch_sizes if r <= rows)
+        above = min((r for r in self.batch_sizes if r >= rows), default=rows)
+        return sorted({below, above})
 
 
 def depth(proposal: DraftProposal) -> int:

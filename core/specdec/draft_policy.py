@@ -51,6 +51,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from specdec.kv_cache import BatchKVCache
 from specdec.runner import ModelRunner
 
 #: Optimistic start, so a request tries drafting before it has evidence either way.
@@ -324,9 +325,9 @@ WIDTH_STEP = 1.25
 
 
 def measured_widths(max_width: int) -> list[int]:
-    """The widths :meth:`ForwardCost.measure` times: every one up to :data:`DENSE_WIDTHS`, then a
+    """The widths :class:`CostMeasurement` times: every one up to :data:`DENSE_WIDTHS`, then a
     geometric sequence, then ``max_width``. A method verifying 25 tokens (suffix decoding) thus
-    times 13 widths rather than 25, for every batch size a server measures at start-up."""
+    times 13 widths rather than 25, for each batch size measured."""
     widths = list(range(1, min(max_width, DENSE_WIDTHS) + 1))
     while widths[-1] < max_width:
         widths.append(min(max_width, max(widths[-1] + 1, math.ceil(widths[-1] * WIDTH_STEP))))
@@ -359,46 +360,6 @@ class ForwardCost:
     def __init__(self, relative: list[float], base_seconds: float = 0.0) -> None:
         self.relative = [max(r, 1.0) for r in relative]
         self.base_seconds = base_seconds
-
-    @classmethod
-    def measure(
-        cls,
-        runner: ModelRunner,
-        max_width: int,
-        rows: int = 1,
-        context: int = 256,
-        repeats: int = 5,
-        sync: Callable[[], None] | None = None,
-    ) -> ForwardCost:
-        """Time forwards of the widths :func:`measured_widths` gives (the others interpolated) over
-        ``rows`` requests holding ``context`` tokens each; ``sync`` waits for the device (CUDA)."""
-        cache = runner.new_batch_cache(rows)
-        context = min(context, runner.max_length // 2)
-        # Rows of different lengths, as real batches have (their writes take the ragged path).
-        runner.forward_rows(cache, [[0] * (context + row) for row in range(rows)])
-
-        def forward(width: int) -> None:
-            if rows == 1:
-                runner.forward(cache, [0] * width)
-            else:
-                runner.forward_rows(cache, [[0] * width] * rows)
-
-        measured = {}
-        for width in measured_widths(max_width):
-            forward(width)  # the first call of a shape pays one-time setup
-            runner.rollback(cache, width)
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                forward(width)
-                if sync:
-                    sync()
-                samples.append(time.perf_counter() - start)
-                runner.rollback(cache, width)
-            # The fastest run is the one least disturbed by the rest of the machine.
-            measured[width] = min(samples)
-        timings = _interpolated(measured, max_width)
-        return cls([t / timings[0] for t in timings], timings[0])
 
     @property
     def seconds(self) -> list[float]:
@@ -465,15 +426,22 @@ class ContextCost:
         contexts: tuple[int, int] = (128, 1024),
         sync: Callable[[], None] | None = None,
     ) -> ContextCost:
-        longest = max(runner.max_length - max_width - 1, 2)
-        short, long = min(contexts[0], longest // 2), min(contexts[1], longest)
-        return cls(
-            (short, long),
-            (
-                ForwardCost.measure(runner, max_width, rows, context=short, sync=sync),
-                ForwardCost.measure(runner, max_width, rows, context=long, sync=sync),
-            ),
-        )
+        """Measure the costs of ``rows`` requests at once (see :class:`CostMeasurement`)."""
+        measurement = CostMeasurement(runner, max_width, rows, contexts, sync)
+        while measurement.step():
+            pass
+        return measurement.result()
+
+    @classmethod
+    def between(cls, low: tuple[int, ContextCost], high: tuple[int, ContextCost], rows: int) -> ContextCost:
+        """The costs of a batch of ``rows``, linear between two measured batch sizes ``(rows, costs)``."""
+        (r0, c0), (r1, c1) = low, high
+        weight = (rows - r0) / (r1 - r0)
+        costs = []
+        for a, b in zip(c0.costs, c1.costs, strict=True):
+            seconds = [x + weight * (y - x) for x, y in zip(a.seconds, b.seconds, strict=True)]
+            costs.append(ForwardCost([t / seconds[0] for t in seconds], seconds[0]))
+        return cls(c0.contexts, (costs[0], costs[1]))
 
     def at(self, context: int) -> ForwardCost:
         """Costs next to ``context`` cached tokens (linear between and beyond the measured two)."""
@@ -481,3 +449,98 @@ class ContextCost:
         weight = max(context - c0, 0) / (c1 - c0) if c1 > c0 else 0.0
         seconds = [a + weight * (b - a) for a, b in zip(short.seconds, long.seconds, strict=True)]
         return ForwardCost([t / seconds[0] for t in seconds], seconds[0])
+
+
+#: A width's forwards are timed at least twice, and again (up to ``MEASURE_REPEATS``) while they
+#: have taken less than ``MEASURE_SECONDS``: a one-token forward of a small batch takes a few
+#: milliseconds and its minimum needs several runs, a 25-token forward of 8 requests next to
+#: 1,024 cached tokens takes a good part of a second and varies far less.
+MEASURE_REPEATS = 5
+MEASURE_SECONDS = 0.15
+
+
+class CostMeasurement:
+    """Measures one batch size's :class:`ContextCost` one width at a time.
+
+    Each :meth:`step` times the forwards of one width (:func:`measured_widths`) at one of the two
+    contexts, the others interpolated, so an engine measuring in idle moments makes a request that
+    arrives meanwhile wait for a few forwards, not for the whole curve. Between steps the engine
+    may decode: on the static path its batch reuses the one static cache, so the measurement's
+    rows are filled again before its next width (:meth:`interrupted`).
+
+    :param runner: the target runner.
+    :param max_width: the widest forward to cost (tokens per request).
+    :param rows: requests per forward.
+    :param contexts: the short and the long context, in cached tokens per request (capped by the
+        runner's length).
+    :param sync: waits for the device (CUDA) before a timer is read.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_width: int,
+        rows: int = 1,
+        contexts: tuple[int, int] = (128, 1024),
+        sync: Callable[[], None] | None = None,
+    ) -> None:
+        self.runner, self.max_width, self.rows, self.sync = runner, max_width, rows, sync
+        longest = max(runner.max_length - max_width - 1, 2)
+        self.contexts = (min(contexts[0], longest // 2), min(contexts[1], longest))
+        self._todo = deque((context, width) for context in self.contexts for width in measured_widths(max_width))
+        self._seconds: dict[int, dict[int, float]] = {context: {} for context in self.contexts}
+        self._cache: BatchKVCache | None = None
+        self._cache_context = -1
+
+    def interrupted(self) -> None:
+        """The engine has run a step since the last width: a static cache holds its batch now."""
+        if self.runner.static:
+            self._cache = None
+
+    def step(self) -> bool:
+        """Time the next width's forwards; ``False`` once every width has been timed."""
+        if not self._todo:
+            return False
+        context, width = self._todo.popleft()
+        cache = self._filled(context)
+
+        def forward() -> float:
+            start = time.perf_counter()
+            if self.rows == 1:
+                self.runner.forward(cache, [0] * width)
+            else:
+                self.runner.forward_rows(cache, [[0] * width] * self.rows)
+            if self.sync:
+                self.sync()
+            seconds = time.perf_counter() - start
+            self.runner.rollback(cache, width)
+            return seconds
+
+        forward()  # the first call of a shape pays one-time setup
+        samples: list[float] = []
+        while len(samples) < MEASURE_REPEATS and (len(samples) < 2 or sum(samples) < MEASURE_SECONDS):
+            samples.append(forward())
+        # The fastest run is the one least disturbed by the rest of the machine.
+        self._seconds[context][width] = min(samples)
+        if not self._todo:
+            self._cache = None
+        return bool(self._todo)
+
+    def result(self) -> ContextCost:
+        """The measured costs (every width timed, see :meth:`step`)."""
+        if self._todo:
+            raise RuntimeError(f"{len(self._todo)} widths are still to be timed")
+        costs = []
+        for context in self.contexts:
+            timings = _interpolated(self._seconds[context], self.max_width)
+            costs.append(ForwardCost([t / timings[0] for t in timings], timings[0]))
+        return ContextCost(self.contexts, (costs[0], costs[1]))
+
+    def _filled(self, context: int) -> BatchKVCache:
+        """The measurement's cache with ``context`` tokens in every row (more in later rows)."""
+        if self._cache is None or self._cache_context != context:
+            self._cache = self.runner.new_batch_cache(self.rows)
+            # Rows of different lengths, as real batches have (their writes take the ragged path).
+            self.runner.forward_rows(self._cache, [[0] * (context + row) for row in range(self.rows)])
+            self._cache_context = context
+        return self._cache

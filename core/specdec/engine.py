@@ -85,7 +85,7 @@ class Engine:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
         runner.prepare(max_batch_size, config.max_draft_tokens + 1, show_progress=True)
         per_token = self.resource_manager is None or self.resource_manager.draft_cost_per_token
-        self.policy = DraftBudget(runner, config, self._sync, per_token)
+        self.policy = DraftBudget(runner, config, max_batch_size, self._sync, per_token)
         self.suffix_drafts = SuffixDrafts(config.sa_spec_threshold) if config.use_sa_spec else None
         self.waiting: deque[Request] = deque()
         #: The batch, row for row with the cache; a finished request keeps its row until the
@@ -210,13 +210,12 @@ class Engine:
         return [self._delta(r) for r in touched.values()]
 
     def idle_work(self) -> bool:
-        """Do one piece of measurement the policy still wants (forward costs of a batch size);
-        call when no request is pending. Returns ``False`` when nothing is left to do."""
-        pending = self.policy.pending_measurements()
-        if not pending or self.running:  # measurements use the batch's cache: only while it is empty
+        """Do one piece of measurement the policy still wants (one width of a batch size's forward
+        costs: a few forwards); call when no request is pending. Returns ``False`` when nothing is
+        left to do."""
+        if self.running:  # measurements use the batch's cache: only while it is empty
             return False
-        self.policy.measure(pending[0])
-        return True
+        return self.policy.measure_step()
 
     @torch.inference_mode()
     def warmup(self, max_batch_size: int = 1) -> None:
@@ -224,7 +223,8 @@ class Engine:
 
         The first forward of a new shape pays one-time setup (CPU matmul primitives, CUDA
         kernels); benchmarks call this so that cost is not timed. With the adaptive draft length
-        on, measuring the forward cost of each batch size does exactly that.
+        on, measuring the forward costs does that, at the batch sizes measured (powers of two
+        and the largest).
         """
         rows_up_to = min(max_batch_size, self.max_batch_size)
         if self.policy.adaptive:

@@ -40,7 +40,8 @@ _HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len")
 @click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="Seconds requests in flight may take to finish after SIGTERM before they are aborted.")
 @click.option("--warmup/--no-warmup", default=True, show_default=True,
-              help="Measure step costs for every batch size before serving (else in idle time while serving).")
+              help="Measure step costs at batch sizes 1, 2, 4, ... and the largest before serving "
+                   "(else a forward width at a time in idle moments while serving).")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
 def serve(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, host, port,
           max_batch_size, max_queue_size, served_model_name, max_request_bytes, shutdown_timeout, warmup,
@@ -90,16 +91,17 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
 
 
 def _warm_up(llm: LLM, thread: EngineThread, err: Console) -> None:
-    """Measure the step costs of every batch size now (the adaptive draft length needs them)
-    rather than in idle moments between the first requests, which a measurement then delays."""
-    engine = llm.engine
-    engine.policy.want(engine.max_batch_size)
-    total = len(engine.policy.pending_measurements())
-    with err.status(f"warming up: measuring step costs (0 of {total} batch sizes)") as status:
-        done = 0
-        while thread.run(engine.idle_work):
-            done += 1
-            status.update(f"warming up: measuring step costs ({done} of {total} batch sizes)")
+    """Measure the step costs of the batch sizes the adaptive draft length measures now, rather
+    than in idle moments between the first requests, which a measurement then delays."""
+    policy = llm.engine.policy
+    policy.want(llm.engine.max_batch_size)
+    total = len(policy.pending_measurements())
+    with err.status("warming up: measuring step costs") as status:
+        while pending := policy.pending_measurements():
+            status.update(f"warming up: measuring step costs at batch size {pending[0]} "
+                          f"({total - len(pending)} of {total} batch sizes done)")
+            if not thread.run(llm.engine.idle_work):
+                break
 
 
 def _file_options(options: dict[str, Any], runtime: dict[str, Any], err: Console) -> tuple[int | None, dict[str, Any]]:
