@@ -9,7 +9,9 @@ uncached positions up to ``N - 2`` and drafts token ``N - 1 + k``
 from the last one. Positions ``i >= N - k`` read a drafted token; they are rolled back (cropped)
 after the step, so every cache holds only positions built from true tokens and states, and the
 next step recomputes them from the accepted tokens (catch-up). Each depth also keeps its true
-outputs that the next depth has not cached yet, since that depth reads them.
+outputs that the next depth has not cached yet, since that depth reads them. A depth runs once for
+the whole batch, its requests' caches side by side (:class:`~specdec.RaggedDraftBatch`), as
+EAGLE-3's head does.
 
 The target's states come from its own forwards at no extra cost: the prefill covers the prompt,
 and each verify forward covers the last token and the drafts, of which ``accept`` keeps the rows
@@ -33,6 +35,7 @@ from specdec import (
     ConfigError,
     DraftProposal,
     HiddenStateResources,
+    RaggedDraftBatch,
     Request,
     TargetContext,
     VerifyResult,
@@ -45,7 +48,7 @@ from specdec import (
 )
 from specdec_mtp.checkpoint import load_mtp_layers
 from specdec_mtp.config import MTPDecodingConfig
-from specdec_mtp.layer import LatentCache, MTPLayer, block_classes
+from specdec_mtp.layer import LatentCache, MTPLayer, RaggedBlockCache, block_classes
 from specdec_mtp.relaxed import ThinkingSpan, thinking_tokens
 
 logger = logging.getLogger(__name__)
@@ -173,60 +176,108 @@ class MTPResources(HiddenStateResources):
             request.method_state.target.append(request.target_output.hidden_states[-1][: result.num_accepted + 1])
 
     @torch.inference_mode()
-    def propose(self, request: Request) -> DraftProposal:
-        """A chain of up to ``request.max_draft_len`` tokens: argmax, or sampled with its distributions."""
-        length = min(self.config.max_draft_len, request.max_draft_len)
-        if length <= 0:
-            return DraftProposal()
-        state: MTPState = request.method_state
-        known = len(request.token_ids)
-        tokens = list(request.token_ids)
-        previous = torch.cat(state.target) if len(state.target) > 1 else state.target[0]
-        previous_start = state.target_start
-        if previous_start + previous.shape[0] != known - 1:
-            raise RuntimeError(f"MTP state out of step: target states to {previous_start + previous.shape[0]} for {known} tokens")
-        drafts: list[int] = []
-        probs: list[torch.Tensor] = []
-        for k in range(1, length + 1):
-            depth = state.depths[k - 1]
-            start = depth.cache.length
-            began = time.perf_counter()
-            out = self._run(k, tokens[start + k : known - 1 + k], previous[start - previous_start :], start, depth.cache)
-            # A steady step leaves depth k at most max_draft_len + k positions behind.
-            if known - 1 - start > self.config.max_draft_len + k:
+    def propose(self, requests: list[Request]) -> list[DraftProposal]:
+        """Each request's chain of up to ``request.max_draft_len`` tokens: argmax, or sampled with its
+        distributions. Each depth runs once for the batch (:meth:`_depth`)."""
+        proposals = [DraftProposal() for _ in requests]
+        chains = [_Chain(b, r, min(self.config.max_draft_len, r.max_draft_len)) for b, r in enumerate(requests)]
+        chains = [c for c in chains if c.length > 0]
+        for k in range(1, max((c.length for c in chains), default=0) + 1):
+            active = [c for c in chains if c.length >= k]
+            runs = self._depth(k, active)
+            logits = self.layer(k).logits(torch.stack([out[-1] for _, out in runs]))
+            picks = pick_drafts(logits, [c.request for c in active], [k - 1] * len(active), self.kept, self.vocab_size)
+            for chain, (start, out), pick in zip(active, runs, picks):
+                chain.drafted(k, start, out, *pick)
+        for chain in chains:
+            state: MTPState = chain.request.method_state
+            first = state.depths[0].cache.length
+            target = torch.cat(state.target)
+            state.target = [target[first - state.target_start :]]
+            state.target_start = first
+            proposals[chain.index] = DraftProposal(chain.drafts, torch.stack(chain.probs) if chain.probs else None)
+        return proposals
+
+    def _depth(self, k: int, chains: list[_Chain]) -> list[tuple[int, torch.Tensor]]:
+        """Depth ``k`` over each chain's uncached positions up to the last known token's; returns
+        each chain's first position and outputs there. Chains a step or two behind run in one
+        forward; one further behind (just added, or drafting was paused for it) runs alone, its time
+        counted as setup (:meth:`setup_seconds`): padding every other row to its length would
+        multiply the work."""
+        steady = self.config.max_draft_len + k  # a steady step leaves depth k this far behind at most
+        runs: dict[int, tuple[int, torch.Tensor]] = {}
+        for i, chain in enumerate(chains):
+            if chain.behind(k) > steady:
+                began = time.perf_counter()
+                runs[i] = self._forward(k, [chain])[0]
                 self._setup_seconds += time.perf_counter() - began
-            token, dist = self._choose(self.layer(k).logits(out[-1]), request, k - 1)
-            tokens.append(token)
-            drafts.append(token)
-            if dist is not None:
-                probs.append(dist)
-            true_end = max(known - k, start)
-            depth.cache.crop(true_end)
-            if depth.outputs is not None:
-                previous = torch.cat((depth.outputs, out))
-                previous_start = depth.start
-            else:
-                previous, previous_start = out, start
-            # Keep what the next depth will read at its next catch-up: its uncached true positions.
-            keep = state.depths[k].cache.length if k < len(state.depths) else true_end
-            depth.outputs = previous[keep - previous_start : true_end - previous_start]
-            depth.start = keep
-        first = state.depths[0].cache.length
-        target = torch.cat(state.target)
-        state.target = [target[first - state.target_start :]]
-        state.target_start = first
-        return DraftProposal(drafts, torch.stack(probs) if probs else None)
+        together = [i for i in range(len(chains)) if i not in runs]
+        if together:
+            runs.update(zip(together, self._forward(k, [chains[i] for i in together])))
+        return [runs[i] for i in range(len(chains))]
 
-    def _run(self, k: int, token_ids: list[int], previous: torch.Tensor, start: int, cache: LatentCache) -> torch.Tensor:
-        """Depth ``k`` over positions ``start`` on; returns its outputs ``[T, hidden]``."""
-        layer = self.layer(k)
-        ids = torch.tensor([token_ids], device=self.device)
-        embeds = (layer.embed_tokens or self.target_embed)(ids)
-        positions = torch.arange(start, start + len(token_ids), device=self.device)[None]
-        rotary = self.rotary(embeds, positions)
-        return layer(embeds, previous[None], positions, rotary, cache)[0]
+    def _forward(self, k: int, chains: list[_Chain]) -> list[tuple[int, torch.Tensor]]:
+        """One forward of depth ``k`` over the chains' positions, padded to the most; each depth's
+        cache takes only the positions built from true tokens and states (from ``len(token_ids) - k``
+        on, a position reads a drafted token)."""
+        layer, depths = self.layer(k), [c.request.method_state.depths[k - 1] for c in chains]
+        starts, counts = [d.cache.length for d in depths], [c.behind(k) for c in chains]
+        width = max(counts)
+        token_ids = torch.zeros(len(chains), width, dtype=torch.long)
+        previous = chains[0].previous.new_zeros(len(chains), width, chains[0].previous.shape[-1])
+        for b, (chain, start, count) in enumerate(zip(chains, starts, counts)):
+            token_ids[b, :count] = torch.tensor(chain.tokens[start + k : start + k + count])
+            previous[b, :count] = chain.previous[start - chain.previous_start :]
+        positions = (torch.tensor(starts)[:, None] + torch.arange(width)[None]).to(self.device)
+        batch = RaggedDraftBatch([[d.cache] for d in depths], width, self.device)
+        allowed = batch.extend(torch.arange(width)[None] < torch.tensor(counts)[:, None])
+        embeds = (layer.embed_tokens or self.target_embed)(token_ids.to(self.device))
+        mask = None
+        if allowed is not None:
+            mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=self.device)
+            mask.masked_fill_(~allowed, torch.finfo(embeds.dtype).min)
+        out = layer(embeds, previous, positions, self.rotary(embeds, positions), RaggedBlockCache(batch), mask)
+        for b, (chain, depth, start) in enumerate(zip(chains, depths, starts)):
+            if (true := len(chain.request.token_ids) - k - start) > 0:
+                depth.cache.append(*batch.appended(b, true)[0])
+        return [(start, out[b, :count]) for b, (start, count) in enumerate(zip(starts, counts))]
 
-    def _choose(self, logits: torch.Tensor, request: Request, offset: int) -> tuple[int, torch.Tensor | None]:
-        """The draft for position ``len(request.token_ids) + offset`` from logits over the draft
-        vocabulary; a sampled one returns its distribution over the target's."""
-        return pick_drafts(logits[None], [request], [offset], self.kept, self.vocab_size)[0]
+
+class _Chain:
+    """One request's chain while a step drafts it: its tokens (known, then drafted) and what the
+    next depth reads (depth ``k - 1``'s outputs, the target's final states for ``k = 1``, from
+    position ``previous_start`` on)."""
+
+    def __init__(self, index: int, request: Request, length: int) -> None:
+        state: MTPState = request.method_state
+        self.index, self.request, self.length = index, request, length
+        self.tokens = list(request.token_ids)
+        self.previous = torch.cat(state.target) if len(state.target) > 1 else state.target[0]
+        self.previous_start = state.target_start
+        if self.previous_start + self.previous.shape[0] != len(self.tokens) - 1:
+            raise RuntimeError(f"MTP state out of step: target states to {self.previous_start + self.previous.shape[0]} "
+                               f"for {len(self.tokens)} tokens")
+        self.drafts: list[int] = []
+        self.probs: list[torch.Tensor] = []
+
+    def behind(self, k: int) -> int:
+        """Positions depth ``k`` runs this step: its uncached ones up to the last known token's."""
+        return len(self.request.token_ids) - 1 - self.request.method_state.depths[k - 1].cache.length
+
+    def drafted(self, k: int, start: int, out: torch.Tensor, token: int, dist: torch.Tensor | None) -> None:
+        """Depth ``k`` ran positions ``start`` on, giving ``out``, and drafted ``token``."""
+        self.tokens.append(token)
+        self.drafts.append(token)
+        if dist is not None:
+            self.probs.append(dist)
+        depths = self.request.method_state.depths
+        depth = depths[k - 1]
+        true_end = max(len(self.request.token_ids) - k, start)
+        if depth.outputs is not None:
+            self.previous, self.previous_start = torch.cat((depth.outputs, out)), depth.start
+        else:
+            self.previous, self.previous_start = out, start
+        # Keep what the next depth will read at its next catch-up: its uncached true positions.
+        keep = depths[k].cache.length if k < len(depths) else true_end
+        depth.outputs = self.previous[keep - self.previous_start : true_end - self.previous_start]
+        depth.start = keep

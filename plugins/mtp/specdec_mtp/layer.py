@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from specdec import ModelLoadError, RequestKV
+from specdec import ModelLoadError, RaggedDraftBatch, RequestKV
 
 
 class LatentCache(RequestKV):
@@ -36,6 +36,18 @@ class LatentCache(RequestKV):
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         return self.append(keys, values)
+
+
+class RaggedBlockCache:
+    """Several requests' caches of one MTP block side by side (a :class:`~specdec.RaggedDraftBatch`
+    of one layer), taking transformers' ``Cache.update`` call, so a depth drafts for the batch in one
+    forward; :meth:`~specdec.RaggedDraftBatch.extend` gives the mask that forward attends with."""
+
+    def __init__(self, batch: RaggedDraftBatch) -> None:
+        self.batch = batch
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batch.layer(0).append(keys, values)
 
 
 class RMSNorm(nn.Module):
@@ -127,15 +139,20 @@ class MTPLayer(nn.Module):
         previous: torch.Tensor,
         position_ids: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: LatentCache | None,
+        cache: LatentCache | RaggedBlockCache | None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token embeddings ``[B, T, hidden]`` at ``position_ids`` ``[B, T]`` with ``previous``
         ``[B, T, hidden]``; returns ``h``. ``cache`` gains the ``T`` positions (``None``: a whole
-        sequence from position 0, as training runs it)."""
+        sequence from position 0, as training runs it). Each position attends to every cached one
+        and causally to the new ones, unless ``attention_mask`` (additive, ``[B, 1, T, cached + T]``:
+        a ragged batch's) says otherwise."""
         embeds = embeds.masked_fill((position_ids == 0)[..., None], 0.0)
         x = self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(previous)), dim=-1))
-        mask = additive_causal_mask(x.shape[1], cache.length if cache is not None else 0, x.dtype, x.device)
-        return self.block(x, attention_mask=mask, position_ids=position_ids, cache=cache, position_embeddings=position_embeddings)
+        if attention_mask is None and x.shape[1] > 1:
+            attention_mask = additive_causal_mask(x.shape[1], cache.length if cache is not None else 0, x.dtype, x.device)
+        return self.block(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                          position_embeddings=position_embeddings)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.shared_head.head(self.shared_head.norm(hidden))

@@ -34,7 +34,7 @@ def specdec_prepare_draft_tokens(
 ) -> list[DraftProposal] | None:
     if not isinstance(config, MTPDecodingConfig):
         return None
-    return [resource_manager.propose(r) for r in requests]
+    return resource_manager.propose(requests)
 
 
 @hookimpl

@@ -3,7 +3,8 @@
 Each step, depth ``k`` over every position (no cache) reads depth ``k - 1``'s outputs (the
 target's final states for ``k = 1``) and the tokens ``k`` ahead, the drafts included; its last
 position's argmax is draft ``k``. The drafter computes the same with caches that catch up on
-accepted tokens and roll drafted positions back.
+accepted tokens and roll drafted positions back, for a batch of requests at different lengths
+in one forward per depth.
 """
 
 from __future__ import annotations
@@ -45,10 +46,10 @@ def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.Monk
     seen: list[tuple[list[int], list[int]]] = []
     propose = MTPResources.propose
 
-    def recording(self, request):
-        proposal = propose(self, request)
-        seen.append((list(request.token_ids), list(proposal.token_ids)))
-        return proposal
+    def recording(self, requests):
+        proposals = propose(self, requests)
+        seen.extend((list(r.token_ids), list(p.token_ids)) for r, p in zip(requests, proposals))
+        return proposals
 
     monkeypatch.setattr(MTPResources, "propose", recording)
     llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
@@ -60,6 +61,36 @@ def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.Monk
     assert any(len(b) - len(a) >= 2 for a, b in steps), "no step accepted a draft"
     for token_ids, drafts in seen:
         assert drafts == reference_drafts(model, layers, token_ids, len(drafts)), token_ids
+
+
+def test_a_steady_batch_drafts_each_depth_in_one_forward(saved, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two requests drafting 3 tokens each, both caught up, take 3 layer forwards a step, not 6
+    (a request far behind, as at its prompt, runs alone first)."""
+    model, _, tokenizer = saved
+    forwards = [0]
+    layer_forward = MTPLayer.forward
+
+    def counted(self, *args, **kwargs):
+        forwards[0] += 1
+        return layer_forward(self, *args, **kwargs)
+
+    per_step: list[tuple[int, int]] = []
+    propose = MTPResources.propose
+
+    def recording(self, requests):
+        forwards[0] = 0
+        proposals = propose(self, requests)
+        per_step.append((sum(len(p) > 0 for p in proposals), forwards[0]))
+        return proposals
+
+    monkeypatch.setattr(MTPLayer, "forward", counted)
+    monkeypatch.setattr(MTPResources, "propose", recording)
+    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
+    llm.generate([{"prompt_token_ids": [5, 9, 13, 22, 5, 9, 13, 22, 5]}, {"prompt_token_ids": [7, 8, 9, 10, 11, 12, 13, 14]}],
+                 SamplingParams(max_tokens=12, ignore_eos=True))
+    llm.close()
+    assert per_step[0] == (2, 6)  # the prompts: each request, far behind, catches up alone at every depth
+    assert (2, 3) in per_step[1:]
 
 
 def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(saved) -> None:
@@ -88,10 +119,10 @@ def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved,
     seen: list = []
     propose = MTPResources.propose
 
-    def recording(self, request):
-        proposal = propose(self, request)
-        seen.append(proposal)
-        return proposal
+    def recording(self, requests):
+        proposals = propose(self, requests)
+        seen.extend(proposals)
+        return proposals
 
     monkeypatch.setattr(MTPResources, "propose", recording)
     prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8]}]

@@ -41,10 +41,10 @@ def test_depth_k_at_position_i_is_the_drafters_draft_k(setup, num_layers: int, t
     seen: list[tuple[list[int], list[int]]] = []
     propose = MTPResources.propose
 
-    def recording(self, request):
-        proposal = propose(self, request)
-        seen.append((list(request.token_ids), list(proposal.token_ids)))
-        return proposal
+    def recording(self, requests):
+        proposals = propose(self, requests)
+        seen.extend((list(r.token_ids), list(p.token_ids)) for r, p in zip(requests, proposals))
+        return proposals
 
     monkeypatch.setattr(MTPResources, "propose", recording)
     config = fixed_draft_len({"method": "mtp", "speculative_model": str(tmp_path), "max_draft_len": 2})
