@@ -6,10 +6,10 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, Field
 
-from specdec import DraftingConfig
+from specdec import DraftingConfig, DraftVocabularyConfig
 
 
-class ReDrafterDecodingConfig(DraftingConfig):
+class ReDrafterDecodingConfig(DraftingConfig, DraftVocabularyConfig):
     """Draft beams with a recurrent drafter on the target's last hidden state; verify them as one tree."""
 
     method_name: ClassVar[str] = "redrafter"

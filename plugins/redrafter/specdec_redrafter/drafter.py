@@ -7,6 +7,9 @@ the target predicted. Beam search keeps ``redrafter_num_beams`` beams, each scor
 its drafts' log-probabilities; only the first beam is live at the first position, so the beams
 start from that many different tokens. The beams of a batch's requests search together.
 
+With ``draft_vocab_size`` the drafter's output layer keeps only the rows of the most used
+tokens (its costliest part: 49,152 rows for SmolLM2), and the beams draft among those.
+
 Beams that share a prefix share its nodes (Apple's dynamic tree attention), best beam first, so
 the step's node budget cuts the weakest beams first. Every draft is deterministic: greedy and
 seeded requests keep the path of the target's own picks, sampled ones go through the core's
@@ -24,6 +27,7 @@ from specdec import (
     LastStateResources,
     Request,
     TargetContext,
+    draft_vocabulary,
     prepack_linears,
 )
 from specdec_redrafter.config import ReDrafterDecodingConfig
@@ -45,6 +49,11 @@ class ReDrafterResources(LastStateResources):
         model = load_drafter(config.speculative_model, int(target.model.config.hidden_size), target.vocab_size)
         self.model: RecurrentDrafter | None = model.to(target.device, target.dtype)
         prepack_linears(self.model)
+        #: The target ids the drafter scores (a draft vocabulary), ``None`` for all of them.
+        self.kept = draft_vocabulary(config, target, shipped=False)
+        if self.kept is not None:
+            self.kept = self.kept.to(target.device)
+            self.model.narrow_vocabulary(self.kept)
         self.embed = target.model.get_input_embeddings()
         self.num_beams = config.redrafter_num_beams
         self.depth = config.max_draft_len
@@ -87,6 +96,8 @@ class ReDrafterResources(LastStateResources):
             vocab = log_probs.shape[-1]
             scores, index = (scores[..., None] + log_probs).view(batch, -1).topk(width, dim=-1)
             origin, tokens = index // vocab, index % vocab
+            if self.kept is not None:
+                tokens = self.kept[tokens]
             beams = torch.cat([beams.gather(1, origin[..., None].expand(-1, -1, beams.shape[-1])), tokens[..., None]], -1)
             state = state.gather(1, origin[..., None].expand(-1, -1, state.shape[-1]))
         return beams

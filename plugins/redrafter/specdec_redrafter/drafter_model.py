@@ -40,7 +40,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from specdec import ConfigError, ModelLoadError
+from specdec import ConfigError, ModelLoadError, trimmed_projection
 
 MODEL_TYPE = "recurrent_drafting_drafter"
 _IGNORED_FIELDS = {"model_type", "architectures", "torch_dtype", "dtype", "transformers_version",
@@ -104,8 +104,15 @@ class RecurrentDrafter(nn.Module):
         return self.lm_head[-1]
 
     def logits(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """Logits over the vocabulary from the target's hidden state and the drafter's state."""
+        """Logits over the vocabulary (the kept tokens after :meth:`narrow_vocabulary`) from the
+        target's hidden state and the drafter's state."""
         return self.output(self.features(hidden, state))
+
+    def narrow_vocabulary(self, kept: torch.Tensor) -> None:
+        """Score only the target ids ``kept`` (a draft vocabulary, ``specdec.draft_vocabulary``):
+        the output layer keeps their rows, and :meth:`logits` index into ``kept``. Call once on
+        the device and dtype."""
+        self.lm_head[-1] = trimmed_projection(self.output, kept)
 
     def reset_parameters(self) -> None:
         """A fresh drafter for training: PyTorch's default initialisation of every layer."""
