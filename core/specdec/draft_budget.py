@@ -234,10 +234,11 @@ class DraftBudget:
         self._wanted.update(r for r in self._bracket(rows) if r not in costs)
         smaller = max(r for r in costs if r < rows)  # batch size 1 is measured when the policy is built
         larger = min((r for r in costs if r > rows), default=None)
+        if self.runner.static:  # the static path pads the batch to the next size it recorded
+            padded = self._bracket(rows)[-1]
+            return costs[padded] if padded in costs else costs[smaller]
         if larger is None:
             return costs[smaller]
-        if self.runner.static:  # the static path pads the batch to the next size it recorded
-            return costs[larger]
         return ContextCost.between((smaller, costs[smaller]), (larger, costs[larger]), rows)
 
     def _bracket(self, rows: int) -> list[int]:
