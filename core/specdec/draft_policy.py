@@ -194,8 +194,7 @@ class StepTime:
             return cost
         # Once per step, not per width: a tree method's forward may be hundreds of tokens wide.
         medians = self._medians()
-        seconds = [t * _interpolate(medians, n) for n, t in enumerate(cost.seconds)]
-        return ForwardCost([t / seconds[0] for t in seconds], seconds[0])
+        return ForwardCost.from_seconds([t * _interpolate(medians, n) for n, t in enumerate(cost.seconds)])
 
     def _medians(self) -> dict[int, float]:
         return {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
@@ -361,6 +360,15 @@ class ForwardCost:
         self.relative = [max(r, 1.0) for r in relative]
         self.base_seconds = base_seconds
 
+    @classmethod
+    def from_seconds(cls, seconds: Sequence[float]) -> ForwardCost:
+        """The costs of forwards taking ``seconds`` by width (1 .. ``len(seconds)``)."""
+        return cls([t / seconds[0] for t in seconds], seconds[0])
+
+    def mixed(self, other: ForwardCost, weight: float) -> ForwardCost:
+        """Seconds linear between these (``weight`` 0) and ``other``'s (``weight`` 1), and beyond."""
+        return ForwardCost.from_seconds([a + weight * (b - a) for a, b in zip(self.seconds, other.seconds, strict=True)])
+
     @property
     def seconds(self) -> list[float]:
         return [r * self.base_seconds for r in self.relative]
@@ -437,18 +445,14 @@ class ContextCost:
         """The costs of a batch of ``rows``, linear between two measured batch sizes ``(rows, costs)``."""
         (r0, c0), (r1, c1) = low, high
         weight = (rows - r0) / (r1 - r0)
-        costs = []
-        for a, b in zip(c0.costs, c1.costs, strict=True):
-            seconds = [x + weight * (y - x) for x, y in zip(a.seconds, b.seconds, strict=True)]
-            costs.append(ForwardCost([t / seconds[0] for t in seconds], seconds[0]))
-        return cls(c0.contexts, (costs[0], costs[1]))
+        short, long = (a.mixed(b, weight) for a, b in zip(c0.costs, c1.costs, strict=True))
+        return cls(c0.contexts, (short, long))
 
     def at(self, context: int) -> ForwardCost:
         """Costs next to ``context`` cached tokens (linear between and beyond the measured two)."""
         (c0, c1), (short, long) = self.contexts, self.costs
         weight = max(context - c0, 0) / (c1 - c0) if c1 > c0 else 0.0
-        seconds = [a + weight * (b - a) for a, b in zip(short.seconds, long.seconds, strict=True)]
-        return ForwardCost([t / seconds[0] for t in seconds], seconds[0])
+        return short.mixed(long, weight)
 
 
 #: A width's forwards are timed at least twice, and again (up to ``MEASURE_REPEATS``) while they
@@ -530,11 +534,8 @@ class CostMeasurement:
         """The measured costs (every width timed, see :meth:`step`)."""
         if self._todo:
             raise RuntimeError(f"{len(self._todo)} widths are still to be timed")
-        costs = []
-        for context in self.contexts:
-            timings = _interpolated(self._seconds[context], self.max_width)
-            costs.append(ForwardCost([t / timings[0] for t in timings], timings[0]))
-        return ContextCost(self.contexts, (costs[0], costs[1]))
+        short, long = (ForwardCost.from_seconds(_interpolated(self._seconds[c], self.max_width)) for c in self.contexts)
+        return ContextCost(self.contexts, (short, long))
 
     def _filled(self, context: int) -> BatchKVCache:
         """The measurement's cache with ``context`` tokens in every row (more in later rows)."""
