@@ -108,6 +108,21 @@ def with_suffix_drafts(config: SpeculativeConfig | dict[str, Any], threshold: in
     return config.model_copy(update=update)
 
 
+def recorded_proposals(monkeypatch: pytest.MonkeyPatch, resources: type) -> list[tuple[list[int], Any]]:
+    """Record every proposal ``resources.propose(self, requests)`` returns, with its request's
+    tokens at the time, as ``(token_ids, proposal)``, in order."""
+    seen: list[tuple[list[int], Any]] = []
+    propose = resources.propose
+
+    def recording(self: Any, requests: list[Request]) -> list[Any]:
+        proposals = propose(self, requests)
+        seen.extend((list(r.token_ids), p) for r, p in zip(requests, proposals))
+        return proposals
+
+    monkeypatch.setattr(resources, "propose", recording)
+    return seen
+
+
 def setup_seconds_by_phase(llm: LLM, first: list[int], second: list[int], steady_steps: int = 3) -> list[float]:
     """The method's ``setup_seconds`` after each phase of a run on ``llm``'s engine: request
     ``first`` joins and takes one step, then ``steady_steps`` steps, then request ``second`` joins

@@ -15,7 +15,7 @@ from mtp_tiny import load_target, run_layer, saved_target
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
 
 from specdec import LLM, SamplingParams
-from specdec.testing.conformance import fixed_draft_len, setup_seconds_by_phase
+from specdec.testing.conformance import fixed_draft_len, recorded_proposals, setup_seconds_by_phase
 from specdec_mtp import MTPLayer, load_mtp_layers
 from specdec_mtp.drafter import MTPResources
 
@@ -43,19 +43,12 @@ def reference_drafts(model: torch.nn.Module, layers: list[MTPLayer], token_ids: 
 
 def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.MonkeyPatch) -> None:
     model, layers, tokenizer = saved
-    seen: list[tuple[list[int], list[int]]] = []
-    propose = MTPResources.propose
-
-    def recording(self, requests):
-        proposals = propose(self, requests)
-        seen.extend((list(r.token_ids), list(p.token_ids)) for r, p in zip(requests, proposals))
-        return proposals
-
-    monkeypatch.setattr(MTPResources, "propose", recording)
+    recorded = recorded_proposals(monkeypatch, MTPResources)
     llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
     prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8]}]
     llm.generate(prompts, SamplingParams(max_tokens=20))
     llm.close()
+    seen = [(token_ids, list(p.token_ids)) for token_ids, p in recorded]
     assert len(seen) > 10
     steps = [(a, b) for (a, _), (b, _) in zip(seen, seen[1:]) if b[: len(a)] == a]
     assert any(len(b) - len(a) >= 2 for a, b in steps), "no step accepted a draft"
@@ -116,26 +109,18 @@ def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved,
     vocab = model.config.vocab_size
     ranking = shuffled_ranking(vocab, tmp_path / "ranking.safetensors")
     allowed = set(kept_tokens(load_ranking(ranking, vocab), kept, "test").tolist())
-    seen: list = []
-    propose = MTPResources.propose
-
-    def recording(self, requests):
-        proposals = propose(self, requests)
-        seen.extend(proposals)
-        return proposals
-
-    monkeypatch.setattr(MTPResources, "propose", recording)
+    recorded = recorded_proposals(monkeypatch, MTPResources)
     prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8]}]
     outputs = {}
     for options in ({}, {"draft_vocab": str(ranking), "draft_vocab_size": kept}):
-        seen.clear()
+        recorded.clear()
         llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3, **options}), tokenizer=tokenizer)
         llm.generate(prompts, SamplingParams(max_tokens=16))
-        outputs[bool(options)] = [p.token_ids for p in seen]
+        outputs[bool(options)] = [p.token_ids for _, p in recorded]
         llm.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0))
         llm.close()
     assert all(t in allowed for drafts in outputs[True] for t in drafts)
-    sampled = [p for p in seen if p.probs is not None]
+    sampled = [p for _, p in recorded if p.probs is not None]
     assert sampled and all(float(p.probs[:, sorted(set(range(vocab)) - allowed)].sum()) == 0 for p in sampled)
     assert all(torch.allclose(p.probs.sum(-1), torch.ones(len(p.probs))) for p in sampled)
     if kept == vocab:

@@ -9,7 +9,7 @@ from torch.nn import functional as F
 
 from specdec import LLM, SamplingParams
 from specdec.testing import make_tiny_target
-from specdec.testing.conformance import fixed_draft_len
+from specdec.testing.conformance import fixed_draft_len, recorded_proposals
 from specdec.training.vocabulary import TrainingVocabulary
 from specdec_mtp.drafter import MTPResources
 from specdec_mtp.training.loop import MTPTarget
@@ -38,20 +38,13 @@ def test_depth_k_at_position_i_is_the_drafters_draft_k(setup, num_layers: int, t
     target, all_layers, frozen = setup
     layers = torch.nn.ModuleList(all_layers[:num_layers])
     export(layers, target.model.config, tmp_path, torch.float32, "tiny")
-    seen: list[tuple[list[int], list[int]]] = []
-    propose = MTPResources.propose
-
-    def recording(self, requests):
-        proposals = propose(self, requests)
-        seen.extend((list(r.token_ids), list(p.token_ids)) for r, p in zip(requests, proposals))
-        return proposals
-
-    monkeypatch.setattr(MTPResources, "propose", recording)
+    seen = recorded_proposals(monkeypatch, MTPResources)
     config = fixed_draft_len({"method": "mtp", "speculative_model": str(tmp_path), "max_draft_len": 2})
     with LLM(target.model, config, tokenizer=target.tokenizer) as llm:
         llm.generate([{"prompt_token_ids": target.encode("the cat sat on a mat")}], SamplingParams(max_tokens=12))
     checked = 0
-    for tokens, drafts in seen:
+    for tokens, proposal in seen:
+        drafts = list(proposal.token_ids)
         if len(drafts) != 2:
             continue
         ids = torch.tensor([tokens + drafts])
