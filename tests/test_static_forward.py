@@ -16,7 +16,7 @@ from specdec import LLM, SamplingParams
 from specdec.errors import ConfigError
 from specdec.runner import ModelRunner
 from specdec.static_cache import StaticKVCache
-from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, width_buckets
+from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, use_recordable_experts, width_buckets
 from specdec.testing.architectures import make_tiny_model
 
 
@@ -206,3 +206,35 @@ def test_the_static_path_accounts_for_its_memory(tiny):
     per_position = 2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4  # K and V, fp32
     want = 2 * (32 + 4) * config.num_hidden_layers * per_position
     assert runner.static_memory == {"kv_cache_bytes": want, "capture_bytes": 0}
+
+
+def test_buffers_first_filled_in_inference_mode_take_rows_outside_it(device):
+    """Capture at start-up runs the first forwards in inference mode, which allocates the static
+    buffers there; rows joining later, outside it, still copy into them in place."""
+    target = make_tiny_model("llama", device=device)
+    runner = ModelRunner(target.model, execution="static")
+    runner.prepare(max_rows=2, max_width=2)
+    cache = runner.new_batch_cache()
+    rows = []
+    for prompt in (list(range(3, 12)), list(range(4, 9))):
+        rows.append(runner.new_cache())
+        runner.forward(rows[-1], prompt, last_only=True)
+    with torch.inference_mode():
+        cache.append_rows(rows[0])
+    cache.append_rows(rows[1])
+    assert cache.lengths == [9, 5]
+
+
+@pytest.mark.parametrize("architecture", ["deepseek_v3", "gpt_oss"])
+def test_recorded_forwards_take_experts_of_fixed_shapes(architecture, device):
+    """Before recording, float32 mixture-of-experts layers leave grouped_mm (a loop over the
+    experts on the host outside bfloat16) for batched_mm, with the same logits; bfloat16 keeps it."""
+    target = make_tiny_model(architecture, device=device)
+    ids = torch.tensor([list(range(3, 15))], device=device)
+    with torch.no_grad():
+        before = target.model(ids).logits
+        use_recordable_experts(target.model, torch.bfloat16)
+        assert target.model.config._experts_implementation == "grouped_mm"
+        use_recordable_experts(target.model, torch.float32)
+        assert target.model.config._experts_implementation == "batched_mm"
+        torch.testing.assert_close(target.model(ids).logits, before, atol=1e-5, rtol=1e-5)

@@ -25,7 +25,7 @@ from specdec.prepacked_linear import prepack_linears
 from specdec.progress import Progress
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import HiddenStateResources, LastStateResources, ResourceManager, TargetContext
-from specdec.runner import ModelRunner
+from specdec.runner import ModelRunner, cache_keyword
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from specdec.suffix import SuffixCache
@@ -71,6 +71,7 @@ __all__ = [
     "VerifyResult",
     "VerifyRows",
     "cache_dir",
+    "cache_keyword",
     "default_model_dir",
     "draft_ranking",
     "draft_vocabulary",

@@ -43,7 +43,7 @@ from specdec.kv_cache import (
 )
 from specdec.prepacked_linear import prepack_linears
 from specdec.static_cache import StaticKVCache
-from specdec.static_forward import StaticForward, resolve_execution, width_buckets
+from specdec.static_forward import StaticForward, resolve_execution, use_recordable_experts, width_buckets
 
 log = logging.getLogger("specdec.runner")
 
@@ -54,8 +54,8 @@ class RunnerOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
-def cache_keyword(model: PreTrainedModel) -> str:
-    """The keyword ``model.forward`` takes its KV cache under.
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword ``model.forward`` takes its KV cache under (a model's, or one decoder layer's).
 
     Recent transformers releases (5.24 here) take it as ``cache`` and warn that
     ``past_key_values`` goes in 5.40; earlier 5.x releases know only ``past_key_values``.
@@ -127,6 +127,8 @@ class ModelRunner:
             self.execution, cache, self._forward_static, _visibility, self._static_layer_masks, self.dtype, self.device, max_width
         )
         try:
+            if self._static.captures:
+                use_recordable_experts(self.model, self.dtype)
             self._static.capture_all(self.capture_hidden_states, show_progress)
         except Exception as exc:
             if not self._chosen_by_default:

@@ -48,9 +48,12 @@ class StaticLayer(GrowableLayer):
 
     def _zeros(self, like: torch.Tensor) -> torch.Tensor:
         # Zeros, not empty: masked positions still enter the attention product, and
-        # uninitialised memory may hold NaN, which a mask cannot cancel.
+        # uninitialised memory may hold NaN, which a mask cannot cancel. Ordinary tensors even
+        # when the first forward runs in inference mode (capture at start-up does): rows join
+        # and leave these buffers in place, also outside it.
         shape = (self.cache.max_rows, like.shape[1], self.cache.capacity, like.shape[-1])
-        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+        with torch.inference_mode(False):
+            return torch.zeros(shape, dtype=like.dtype, device=like.device)
 
     def _grow(self, keys_like: torch.Tensor, values_like: torch.Tensor, capacity: int) -> None:
         if capacity > self.cache.capacity:

@@ -83,6 +83,19 @@ def bucket_for(size: int, buckets: list[int]) -> int | None:
     return next((b for b in buckets if b >= size), None)
 
 
+def use_recordable_experts(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Mixture-of-experts layers that run through transformers' ``grouped_mm`` switch to
+    ``batched_mm`` before their forwards are recorded, unless in bfloat16. ``grouped_mm`` has
+    kernels for bfloat16 alone; in other dtypes it loops over the experts, reading their token
+    counts on the host, which a CUDA graph cannot record. ``batched_mm`` gathers each token's
+    experts' weights, every shape fixed by the number of tokens."""
+    config = getattr(model, "config", None)
+    if dtype == torch.bfloat16 or getattr(config, "_experts_implementation", None) != "grouped_mm":
+        return
+    model.set_experts_implementation("batched_mm")
+    log.info("mixture-of-experts layers use batched_mm for recorded %s forwards", dtype)
+
+
 @dataclass
 class _Bucket:
     """The fixed inputs of one shape, packed in one tensor so a step copies them in once, and

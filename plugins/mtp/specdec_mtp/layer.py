@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from specdec import ModelLoadError, RaggedDraftBatch, RequestKV
+from specdec import ModelLoadError, RaggedDraftBatch, RequestKV, cache_keyword
 
 
 class LatentCache(RequestKV):
@@ -126,6 +126,7 @@ class MTPLayer(nn.Module):
         self.block = block_class(_with_layer(config, index), index)
         # Every draft depth gives the block a cache of its own, which it addresses as layer 0.
         self.block.self_attn.layer_idx = 0
+        self._cache_keyword = cache_keyword(self.block)
         self.shared_head = nn.Module()
         self.shared_head.norm = norm_class(hidden, eps=eps)
         # Without a head of its own (a checkpoint that leaves ``shared_head.head`` out), the layer
@@ -151,8 +152,8 @@ class MTPLayer(nn.Module):
         x = self.eh_proj(torch.cat((self.enorm(embeds), self.hnorm(previous)), dim=-1))
         if attention_mask is None and x.shape[1] > 1:
             attention_mask = additive_causal_mask(x.shape[1], cache.length if cache is not None else 0, x.dtype, x.device)
-        return self.block(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                          position_embeddings=position_embeddings)
+        return self.block(x, attention_mask=attention_mask, position_ids=position_ids,
+                          position_embeddings=position_embeddings, **{self._cache_keyword: cache})
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.shared_head.head(self.shared_head.norm(hidden))
