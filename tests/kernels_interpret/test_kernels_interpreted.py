@@ -208,7 +208,7 @@ BINARY_TREE = [-1, -1, 0, 0, 1, 1, 2, 2]  # two roots' children, each with two c
 def _tree_case(batch: int, parents: list[int], kind: str, seed: int):
     g = torch.Generator().manual_seed(seed)
     n = len(parents)
-    parents_t = torch.tensor([parents] * batch)
+    parents_t = torch.tensor([parents] * batch, dtype=torch.long)  # an empty list would make floats
     node_ids = torch.randint(0, 3, (batch, n), generator=g)
     target_argmax = torch.randint(0, 3, (batch, n + 1), generator=g)
     num_nodes = torch.randint(0, n + 1, (batch,), generator=g) if kind == "mixed" else torch.full((batch,), n)

@@ -24,15 +24,17 @@ from specdec.progress import log_console
 
 def _inputs(op: str, batch: int, k: int, vocab: int, device: torch.device, dtype: torch.dtype) -> tuple[Any, ...]:
     g = torch.Generator().manual_seed(0)
+    args: tuple[Any, ...]
     if op == "tree":
         parents = torch.tensor([[-1 if i < 2 else (i - 2) // 2 for i in range(k)]] * batch)  # a binary tree
-        return (torch.randint(0, 2, (batch, k), generator=g), parents, torch.full((batch,), k),
+        args = (torch.randint(0, 2, (batch, k), generator=g), parents, torch.full((batch,), k),
                 torch.randint(0, 2, (batch, k + 1), generator=g))
+        return tuple(a.to(device) for a in args)
     target_probs = torch.softmax(torch.randn(batch, k + 1, vocab, generator=g) * 4, -1)
     draft_ids = target_probs[:, :k].argmax(-1)  # drafts the target likes: long accepted runs
     num_drafts = torch.full((batch,), k)
     if op == "greedy":
-        args: tuple[Any, ...] = (draft_ids, num_drafts, target_probs.argmax(-1))
+        args = (draft_ids, num_drafts, target_probs.argmax(-1))
     else:
         draft_probs = torch.softmax(torch.randn(batch, k, vocab, generator=g) * 4, -1).to(dtype) if op == "rejection" else None
         exponential = torch.rand(batch, vocab, generator=g).neg_().log1p_().neg_()
