@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,14 @@ def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
             del sys.modules[name]
         importlib.invalidate_caches()
         reset_registry()
+
+
+@pytest.fixture(scope="session")
+def plugins_env(installed_plugins: Path) -> dict[str, str]:
+    """Environment for a subprocess that must find the example plugins: their folder first on
+    ``PYTHONPATH``, before what this process was given (where specdec itself may be installed)."""
+    inherited = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": os.pathsep.join([str(installed_plugins), *([inherited] if inherited else [])])}
 
 
 @pytest.fixture

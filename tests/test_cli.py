@@ -237,7 +237,7 @@ def test_list_methods_reports_installed_and_broken_plugins(installed_plugins: Pa
     assert "failed" in table and "broken" in table and "echo" in table
 
 
-def test_a_failing_plugin_is_one_line_and_exit_2(installed_plugins: Path, tiny_dir: Path, tiny) -> None:
+def test_a_failing_plugin_is_one_line_and_exit_2(plugins_env: dict[str, str], tiny_dir: Path, tiny) -> None:
     """A pip-installed plugin whose drafter raises during generation: the command prints one
     error line naming the method and the exception, no traceback, and exits with 2. (The draft
     length is fixed: the adaptive one may, on a busy machine, decide not to draft at all.)"""
@@ -245,7 +245,7 @@ def test_a_failing_plugin_is_one_line_and_exit_2(installed_plugins: Path, tiny_d
     result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--method", "echo",
                      "--set", f"fail_on_token={bad}", "--set", "adaptive_draft_len=false", "--no-chat",
                      "--max-tokens", "8", "hello",
-                     env={"PYTHONPATH": str(installed_plugins)})
+                     env=plugins_env)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -292,11 +292,14 @@ def test_costs_between_measured_batch_sizes_are_interpolated():
     assert three.costs[1].seconds == pytest.approx([0.030, 0.070])
 
 
-def test_engine_measures_powers_of_two_and_interpolates_the_batch_sizes_between(tiny):
+@pytest.mark.parametrize("execution", ["auto", "static"])
+def test_engine_measures_powers_of_two_and_interpolates_the_batch_sizes_between(tiny, execution):
     """An engine of up to 6 requests measures batch sizes 1, 2, 4 and 6 only: a batch of 3 needs
-    2 and 4 (and borrows 1's costs until they are measured), a batch of 5 then 6."""
+    2 and 4 (and borrows 1's costs until they are measured), a batch of 5 then 6. A batch of 3
+    costs what 2 and 4 cost, interpolated; on the static path (CUDA's default), which pads it to
+    4 rows, what 4 costs."""
     with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 2}, tokenizer=tiny.tokenizer,
-             max_batch_size=6) as llm:
+             max_batch_size=6, execution=execution) as llm:
         policy = llm.engine.policy
         assert policy.batch_sizes == [1, 2, 4, 6]
         params = SamplingParams(max_tokens=4)
@@ -309,8 +312,8 @@ def test_engine_measures_powers_of_two_and_interpolates_the_batch_sizes_between(
         costs = policy.forward_costs
         three = policy._costs(3)
         for c in range(2):
-            assert three.costs[c].seconds == pytest.approx(
-                [(a + b) / 2 for a, b in zip(costs[2].costs[c].seconds, costs[4].costs[c].seconds)])
+            padded, pair = costs[4].costs[c].seconds, zip(costs[2].costs[c].seconds, costs[4].costs[c].seconds)
+            assert three.costs[c].seconds == (padded if llm.runner.static else pytest.approx([(a + b) / 2 for a, b in pair]))
         llm.generate(prompts[:5], params)
         assert policy.pending_measurements() == [6]
         llm.warmup(6)
@@ -567,7 +570,7 @@ def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):
         runner.forward = slow_when_wide
         got = llm.generate(prompt, params)[0]
     assert got.token_ids == plain.token_ids
-    assert 1 <= got.metrics.num_drafts <= 5
+    assert 1 <= got.metrics.num_drafts <= 8
 
 
 def test_a_new_request_starts_from_the_methods_recent_acceptance():

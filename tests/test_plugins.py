@@ -169,12 +169,12 @@ def test_plugin_calling_sys_exit_on_import_is_a_broken_plugin(installed_plugins,
         assert len(llm.generate({"prompt_token_ids": tiny.encode("hello")}, SamplingParams(max_tokens=4))[0].token_ids) == 4
 
 
-def test_commands_survive_a_plugin_calling_sys_exit(installed_plugins):
+def test_commands_survive_a_plugin_calling_sys_exit(plugins_env):
     """``specdec list-methods`` in a fresh process with the exiting plugin installed succeeds and
     lists it as failed (before, the plugin's exit silently ended every command)."""
     result = subprocess.run(
         [sys.executable, "-m", "specdec.cli.main", "list-methods", "--json"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(installed_plugins)},
+        capture_output=True, text=True, timeout=300, env={**os.environ, **plugins_env},
     )
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)}

@@ -146,7 +146,7 @@ def fail_token(offline: LLM) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_dir: Path, installed_plugins: Path,
+def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_dir: Path, plugins_env: dict[str, str],
             fail_token: tuple[int, str]) -> Iterator[dict[str, Server]]:
     """The three servers, started together (their start-up overlaps)."""
     logs = tmp_path_factory.mktemp("server-logs")
@@ -159,7 +159,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_
                                              "--served-model-name", "tensorrt_llm", "--max-request-bytes", "65536"]),
         "echo": Server(logs / "echo.log", [*model, "--method", "echo", *plain_costs,
                                              "--set", f"fail_on_token={fail_token[0]}"],
-                       env={"PYTHONPATH": str(installed_plugins)}),
+                       env=plugins_env),
         "small": Server(logs / "small.log", [*model, "--extra_llm_api_options", str(trtllm_options),
                                                "--max-queue-size", "1", "--shutdown-timeout", "1"]),
         "json": Server(logs / "json.log", ["--model", str(tiny_json_dir), "--method", "ngram", *plain_costs, "--served-model-name", MODEL]),

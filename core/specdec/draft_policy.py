@@ -489,7 +489,8 @@ class CostMeasurement:
         sync: Callable[[], None] | None = None,
     ) -> None:
         self.runner, self.max_width, self.rows, self.sync = runner, max_width, rows, sync
-        longest = max(runner.max_length - max_width - 1, 2)
+        # Row r holds r tokens more than the context (see _filled): the last row must still fit.
+        longest = max(runner.max_length - max_width - rows, 2)
         self.contexts = (min(contexts[0], longest // 2), min(contexts[1], longest))
         self._todo = deque((context, width) for context in self.contexts for width in measured_widths(max_width))
         self._seconds: dict[int, dict[int, float]] = {context: {} for context in self.contexts}

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from specdec.progress import Progress
+from specdec.progress import Progress, log_console
 from specdec.static_cache import StaticKVCache
 
 log = logging.getLogger("specdec.static_forward")
@@ -168,7 +168,8 @@ class StaticForward:
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         shapes = [(b, w) for b in self.batch_sizes for w in self.widths]
         columns = (TextColumn("[bold]capturing forward shapes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=not show_progress, transient=True) as progress:
+        # On stderr: stdout carries a command's results (`generate --json` lines).
+        with Progress(*columns, console=log_console(stderr=True), disable=not show_progress, transient=True) as progress:
             task = progress.add_task("capture", total=len(shapes))
             for rows, width in shapes:
                 self._prepared(rows, width, hidden_states)
