@@ -29,6 +29,7 @@ Execution modes (``--enforce-eager`` and ``--compile`` on the command line):
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -240,8 +241,18 @@ class StaticForward:
                 self._static_forward(*bucket.inputs, bucket.hidden_states)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            bucket.outputs = self._static_forward(*bucket.inputs, bucket.hidden_states)
+        # No garbage collection while recording (torch collects just before): a collection could
+        # free an earlier engine's graphs, whose release is not allowed during a capture. The
+        # capture would fail, and leave the CUDA random generator expecting one, so that every
+        # later sampling in the process fails.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                bucket.outputs = self._static_forward(*bucket.inputs, bucket.hidden_states)
+        finally:
+            if collecting:
+                gc.enable()
         self._pool = graph.pool()
         bucket.graph = graph
 
