@@ -5,8 +5,8 @@
 #      model directory, with captured forwards against eager ones, transformers' peer and its
 #      static-cache plain decoding; a model without weights (scripts/random_model.py
 #      --no-weights writes one) gets random weights here. BENCH_PROMPTS (per category, default 2)
-#      and BENCH_TOKENS (default 128) size it; then the host syncs per decoding step
-#      (scripts/count_host_syncs.py); MODEL `default` is the embedded default model, its wheel and
+#      and BENCH_TOKENS (default 128) size it; before them, where a captured step's time goes
+#      (scripts/profile_step.py) and the host syncs per decoding step (scripts/count_host_syncs.py); MODEL `default` is the embedded default model, its wheel and
 #      gguf's carried among the wheels; BENCH_TIMEOUT (seconds) cuts this step short;
 #   3. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside,
 #      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set.
@@ -115,16 +115,19 @@ bench() {
                 --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}")
   local status=0
   local deadline=$(( ${BENCH_TIMEOUT:-0} > 0 ? SECONDS + BENCH_TIMEOUT : 0 ))
-  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
-    --baseline none,hf,hf-static,eager --json "$LOGS/bench-ngram.json" || status=1
-  # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
-  # random_model.py's copy of it do).
-  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
-    --categories mt_bench --baseline none,eager \
-    --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
-  # Host syncs per decoding step, and where they come from.
+  # First what takes seconds: where a captured step's time goes, and the host syncs per decoding
+  # step with the lines they come from.
+  limited "$deadline" "$PYTHON" scripts/profile_step.py "$model" > "$LOGS/profile.log" || status=1
+  cat "$LOGS/profile.log"
   limited "$deadline" "$PYTHON" scripts/count_host_syncs.py "$model" > "$LOGS/host-syncs.log" || status=1
   cat "$LOGS/host-syncs.log"
+  # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
+  # random_model.py's copy of it do). Eager plain decoding (seconds per turn) only in the n-gram run.
+  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
+    --categories mt_bench --baseline none \
+    --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
+  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
+    --baseline none,hf,hf-static,eager --json "$LOGS/bench-ngram.json" || status=1
   return $status
 }
 
