@@ -2,8 +2,9 @@
 
 For one plain decoding step at batch 1 it times the whole ``runner.forward_rows`` call, the graph
 replay alone, and the host-side input packing alone, for each ``--max-model-len`` (the static path
-attends over every reserved position, so this shows what that length costs), next to an eager
-forward; then the CUDA kernels of one replay, longest first (torch.profiler).
+attends over every reserved position, so this shows what that length costs) and for inductor's
+fused kernels captured the same way (``--compile``), next to an eager forward; then the CUDA
+kernels of each replay, longest first (torch.profiler).
 
 Usage: python scripts/profile_step.py MODEL (a directory, or `default`) [--max-model-len 1024,8192] [--context 512]
 Without CUDA it times the static path uncaptured and the eager forward (a dry run on a CPU).
@@ -69,8 +70,12 @@ def main() -> None:
     with torch.inference_mode():
         eager = profile(model, "eager", max(int(n) for n in args.max_model_len.split(",")), args.context, sync)
         print(f"eager forward: {eager['step_ms']:.2f} ms per step")
-        for length in (int(n) for n in args.max_model_len.split(",")):
-            result = profile(model, "auto" if cuda else "static", length, args.context, sync)
+        lengths = [int(n) for n in args.max_model_len.split(",")]
+        # Captured eager kernels at each reserved length; on CUDA also inductor's fused ones,
+        # captured (one compile, at the shortest length).
+        runs = [("cuda_graph" if cuda else "static", n) for n in lengths] + ([("compile", min(lengths))] if cuda else [])
+        for execution, length in runs:
+            result = profile(model, execution, length, args.context, sync)
             parts = ", ".join(f"{k} {result[k]:.2f}" for k in ("step_ms", "replay_ms", "pack_inputs_ms") if k in result)
             print(f"{result['execution']}, max_model_len {length}: {parts}")
             if "kernels" in result:

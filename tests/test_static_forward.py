@@ -238,3 +238,23 @@ def test_recorded_forwards_take_experts_of_fixed_shapes(architecture, device):
         use_recordable_experts(target.model, torch.float32)
         assert target.model.config._experts_implementation == "batched_mm"
         torch.testing.assert_close(target.model(ids).logits, before, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_forward_equals_eager(device):
+    """``execution="compile"``: inductor's forward of one bucket (captured as a CUDA graph on
+    CUDA) gives the eager runner's logits for a decode after a prefill, within float32 rounding
+    of the fused kernels. On CUDA only: the CPU's inductor takes over a minute to compile it, and
+    ``compile`` is opt-in there."""
+    if device.type != "cuda":
+        pytest.skip("compiled and captured forwards are checked on CUDA (SPECDEC_TEST_DEVICE=cuda)")
+    target = make_tiny_model("llama", device=device)
+    eager, compiled = ModelRunner(target.model), ModelRunner(target.model, execution="compile")
+    compiled.prepare(max_rows=1, max_width=1)
+    want, got = eager.new_cache(1), compiled.new_batch_cache(0)
+    row = compiled.new_cache()
+    compiled.forward(row, list(range(3, 12)), last_only=True)
+    got.append_rows(row)
+    eager.forward_rows(want, [list(range(3, 12))])
+    for token in (5, 6, 7):
+        expected = eager.forward_rows(want, [[token]])[0].logits
+        torch.testing.assert_close(compiled.forward_rows(got, [[token]])[0].logits, expected, atol=1e-4, rtol=1e-4)

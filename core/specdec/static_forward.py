@@ -21,7 +21,9 @@ Execution modes (``--enforce-eager`` and ``--compile`` on the command line):
   of compilation per shape, and a captured forward launches the same kernels the eager one does,
   so its logits equal the eager path's.
 - ``compile``: the static forward through ``torch.compile`` (inductor), one graph per bucket;
-  on any device, opt-in (measured slower than the eager runner on CPU: docs/performance.md).
+  on any device, opt-in (measured slower than the eager runner on CPU: docs/performance.md). On
+  CUDA each compiled bucket is then captured as a CUDA graph too: inductor fuses the forward's
+  small kernels, and a graph replays the fused ones without launching each from the host.
 - ``static``: the bucketed static forward run eagerly, with no capture (tests the padding and
   bucketing on machines without a GPU).
 - ``eager`` (the default on CPU): the runner's ordinary forward over a growing cache.
@@ -221,13 +223,13 @@ class StaticForward:
         if bucket is None:
             packed = self._host_inputs([], None, rows, width).to(self.device)
             bucket = self._buckets[(rows, width, hidden_states)] = _Bucket(rows, width, hidden_states, packed)
-            if self.mode == "cuda_graph":
-                self._capture(bucket)
-            elif self.mode == "compile":
+            if self.mode == "compile":
                 # An eager run first allocates the cache's buffers: compiled before, the
                 # graph would guard on their absence and recompile once they exist.
                 self._static_forward(*bucket.inputs, hidden_states)
                 self._run(*bucket.inputs, hidden_states)  # compiles this shape
+            if self.mode == "cuda_graph" or (self.mode == "compile" and self.device.type == "cuda"):
+                self._capture(bucket)
         return bucket
 
     def _capture(self, bucket: _Bucket) -> None:
@@ -238,7 +240,7 @@ class StaticForward:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._static_forward(*bucket.inputs, bucket.hidden_states)
+                self._run(*bucket.inputs, bucket.hidden_states)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # No garbage collection while recording (torch collects just before): a collection could
@@ -249,7 +251,7 @@ class StaticForward:
         gc.disable()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                bucket.outputs = self._static_forward(*bucket.inputs, bucket.hidden_states)
+                bucket.outputs = self._run(*bucket.inputs, bucket.hidden_states)
         finally:
             if collecting:
                 gc.enable()

@@ -86,16 +86,24 @@ def _padded_drafts(proposals: list[DraftProposal], device: torch.device) -> tupl
 
 
 def _results(acceptance: kernels.Acceptance) -> list[VerifyResult]:
-    num_accepted = acceptance.num_accepted.tolist()
-    next_tokens = acceptance.output_ids.gather(1, acceptance.num_accepted[:, None])[:, 0].tolist()
+    """The step's outcome on the host, in one transfer (the step's one wait for the device)."""
+    next_tokens = acceptance.output_ids.gather(1, acceptance.num_accepted[:, None])[:, 0]
+    num_accepted, next_tokens = torch.stack([acceptance.num_accepted, next_tokens]).tolist()
     return [VerifyResult(n, t) for n, t in zip(num_accepted, next_tokens)]
+
+
+def _operations(device: torch.device):
+    """The verify operations for ``device``, without the public functions' checks of the inputs'
+    contents: each check reads the device (a host sync), and these inputs are built here from
+    proposals already checked on the host (``specdec.proposal_checks``)."""
+    return kernels.implementation(device)
 
 
 def _verify_chains(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
     device = logits[0].device
     draft_ids, num_drafts = _padded_drafts(proposals, device)
     picks = _stack_padded([target_picks(r, lg) for r, lg in zip(requests, logits)], draft_ids.shape[1] + 1)
-    return _results(kernels.greedy_accept(draft_ids, num_drafts, picks))
+    return _results(_operations(device).greedy_accept(draft_ids, num_drafts, picks))
 
 
 def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
@@ -106,11 +114,10 @@ def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logit
     for row, proposal in enumerate(proposals):
         parents[row, : len(proposal)] = torch.tensor(proposal.parents, dtype=torch.long)
     picks = [target_picks(r, lg, _depths(p.parents)) for r, p, lg in zip(requests, proposals, logits)]
-    outcome = kernels.tree_accept(node_ids, parents.to(device), num_nodes, _stack_padded(picks, n + 1))
-    results = []
-    for count, path, token in zip(outcome.num_accepted.tolist(), outcome.accepted_nodes.tolist(), outcome.next_token.tolist()):
-        results.append(VerifyResult(count, token, path[:count]))
-    return results
+    outcome = _operations(device).tree_accept(node_ids, parents.to(device), num_nodes, _stack_padded(picks, n + 1))
+    # One transfer: each row is its path length, its next token, then its path.
+    rows = torch.cat([outcome.num_accepted[:, None], outcome.next_token[:, None], outcome.accepted_nodes], dim=1).tolist()
+    return [VerifyResult(row[0], row[1], row[2 : 2 + row[0]]) for row in rows]
 
 
 def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
@@ -123,7 +130,7 @@ def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], log
     draws = [_random_numbers(len(p), vocab, device) for p in proposals]
     uniform = _stack_padded([u for u, _ in draws], k)
     exponential = torch.stack([e for _, e in draws])
-    return _results(kernels.rejection_accept(draft_ids, num_drafts, draft_probs, target_probs, uniform, exponential))
+    return _results(_operations(device).rejection_accept(draft_ids, num_drafts, draft_probs, target_probs, uniform, exponential))
 
 
 def _verify_sampled_trees(requests: list[Request], proposals: list[DraftProposal],

@@ -1,0 +1,58 @@
+"""How often a decoding step reads tensors back to the host. On CUDA each read waits for the
+device (a host sync: scripts/count_host_syncs.py counts them there); on the CPU the same calls
+are counted here, so a new read in the step shows up on every machine. A step reads twice: the
+check that the target's logits are finite, and the verify outcome (accepted counts, next tokens
+and tree paths in one transfer). Tree acceptance on the torch path (no Triton kernel: the CPU)
+reads its inputs once more, for its walk in Python."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from specdec import LLM, SamplingParams, kernels
+
+#: The tensor methods that copy to the host.
+READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    for name in READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize(("config", "temperature"), [
+    (None, 0.0),
+    ({"method": "ngram", "num_speculative_tokens": 3}, 0.0),
+    ({"method": "ngram", "num_speculative_tokens": 3}, 1.0),
+    ({"method": "suffix", "num_speculative_tokens": 4}, 0.0),  # tree drafts
+], ids=["plain", "chains", "sampled chains", "trees"])
+def test_a_step_reads_the_device_twice(tiny, config, temperature, reads) -> None:
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello world, hello")}
+    counted = {}
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        llm.generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+        for max_tokens in (8, 40):
+            reads.clear()
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True, seed=1)
+            output = llm.generate(prompt, params)[0]
+            counted[max_tokens] = (sum(reads.values()), output.metrics.num_steps)
+    # The difference of two runs leaves out what a request reads once (its prompt's first token).
+    (short_reads, short_steps), (long_reads, long_steps) = counted[8], counted[40]
+    assert long_steps > short_steps
+    per_step = (long_reads - short_reads) / (long_steps - short_steps)
+    if config is not None and config["method"] == "suffix" and kernels.backend_for(tiny.model.device) == "torch":
+        assert 2 < per_step <= 3, counted  # the walk's read, on the steps that verify a tree
+    else:
+        assert per_step == 2, counted
