@@ -26,6 +26,8 @@ Each group runs as one padded batch.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from specdec import kernels
@@ -86,13 +88,13 @@ def _padded_drafts(proposals: list[DraftProposal], device: torch.device) -> tupl
 
 
 def _results(acceptance: kernels.Acceptance) -> list[VerifyResult]:
-    """The step's outcome on the host, in one transfer (the step's one wait for the device)."""
+    """The step's outcome on the host, in one transfer from the device."""
     next_tokens = acceptance.output_ids.gather(1, acceptance.num_accepted[:, None])[:, 0]
     num_accepted, next_tokens = torch.stack([acceptance.num_accepted, next_tokens]).tolist()
     return [VerifyResult(n, t) for n, t in zip(num_accepted, next_tokens)]
 
 
-def _operations(device: torch.device):
+def _operations(device: torch.device) -> ModuleType:
     """The verify operations for ``device``, without the public functions' checks of the inputs'
     contents: each check reads the device (a host sync), and these inputs are built here from
     proposals already checked on the host (``specdec.proposal_checks``)."""
