@@ -214,42 +214,43 @@ class MethodConformance:
             accepted += got.metrics.num_accepted_tokens
         assert accepted > 0, "no draft token was ever accepted: the test would prove nothing"
 
-    def _sampled_outcomes(self, target: TinyTarget, config: Any, prompt: list[int], seeded: bool) -> tuple[dict[tuple[int, ...], int], Any]:
-        """``num_samples`` outputs of ``prompt`` in one ``generate`` call (the requests run in
-        batches), counted; and the metrics. Seeded: each request has its own seed."""
+    def _sampled_outcomes(self, target: TinyTarget, config: Any, prompt: list[int],
+                          params: SamplingParams | None = None) -> tuple[dict[tuple[int, ...], int], Any, Any]:
+        """``num_samples`` unseeded outputs of ``prompt`` in one ``generate`` call (the requests
+        run in batches), counted; the metrics; and the engine's logits processing. ``params``
+        default to :attr:`sampling` for :attr:`sample_length` tokens."""
         observed: dict[tuple[int, ...], int] = {}
-        params = self.sampling.model_copy(update={"max_tokens": self.sample_length, "ignore_eos": True})
+        params = params or self.sampling.model_copy(update={"max_tokens": self.sample_length, "ignore_eos": True})
         llm = LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=self.sample_batch_size)
         try:
-            if seeded:
-                outputs = llm.generate(
-                    [{"prompt_token_ids": prompt}] * self.num_samples,
-                    [params.model_copy(update={"seed": seed}) for seed in range(self.num_samples)],
-                )
-            else:
-                torch.manual_seed(0)
-                outputs = llm.generate([{"prompt_token_ids": prompt}] * self.num_samples, params)
-            for out in outputs:
+            torch.manual_seed(0)
+            for out in llm.generate([{"prompt_token_ids": prompt}] * self.num_samples, params):
                 key = tuple(out.token_ids)
                 observed[key] = observed.get(key, 0) + 1
-            return observed, llm.get_metrics()
+            return observed, llm.get_metrics(), llm.engine.processing
         finally:
             llm.close()
 
-    def test_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
-        """Speculative sampling draws from the target's own distribution (chi-square), in the
-        configuration users get: the adaptive draft length on and no seed (rejection sampling).
-
-        The adaptive policy follows measured timings: on a busy machine it may find that drafting
-        does not pay at this batch size and verify too few drafts to prove anything. Then the
-        samples are drawn again at the fixed draft length, which verifies the same way."""
-        prompt = prompts[0]
-        observed, metrics = self._sampled_outcomes(target, config, prompt, seeded=False)
+    def _sampled_outcomes_that_verify(self, target: TinyTarget, config: Any, prompt: list[int],
+                                      params: SamplingParams | None = None) -> tuple[dict[tuple[int, ...], int], Any]:
+        """:meth:`_sampled_outcomes` that saw drafts both accepted and rejected, and the engine's
+        logits processing. The adaptive policy follows measured timings: on a busy
+        machine it may find that drafting does not pay at this batch size and verify too few
+        drafts to prove anything. Then the samples are drawn again at the fixed draft length,
+        which verifies the same way."""
+        observed, metrics, processing = self._sampled_outcomes(target, config, prompt, params)
         if not 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens:
-            observed, metrics = self._sampled_outcomes(target, fixed_draft_len(config), prompt, seeded=False)
+            observed, metrics, processing = self._sampled_outcomes(target, fixed_draft_len(config), prompt, params)
         assert 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens, (
             "the samples saw no acceptance or no rejection: the test would prove nothing"
         )
+        return observed, processing
+
+    def test_sampled_output_follows_target_distribution(self, target: TinyTarget, config: Any, prompts: list[list[int]]) -> None:
+        """Speculative sampling draws from the target's own distribution (chi-square), in the
+        configuration users get: the adaptive draft length on and no seed (rejection sampling)."""
+        prompt = prompts[0]
+        observed, _ = self._sampled_outcomes_that_verify(target, config, prompt)
         expected = exact_joint_distribution(target.model, prompt, self.sampling, self.sample_length)
         p_value = chi_square_p_value(observed, expected, self.num_samples)
         assert p_value > P_VALUE_FLOOR, f"sampled outputs do not follow the target (p={p_value:.2e})"
@@ -362,18 +363,8 @@ class MethodConformance:
         prompt = prompts[0]
         params = self.sampling.model_copy(update={
             "max_tokens": self.sample_length, "ignore_eos": True, **self.penalties})
-        llm = LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=self.sample_batch_size)
-        try:
-            torch.manual_seed(0)
-            outputs = llm.generate([{"prompt_token_ids": prompt}] * self.num_samples, params)
-            metrics = llm.get_metrics()
-            expected = exact_joint_distribution(target.model, prompt, params, self.sample_length, llm.engine.processing)
-        finally:
-            llm.close()
-        assert 0 < metrics.num_accepted_tokens < metrics.num_draft_tokens, "no acceptance or no rejection was seen"
-        observed: dict[tuple[int, ...], int] = {}
-        for out in outputs:
-            observed[tuple(out.token_ids)] = observed.get(tuple(out.token_ids), 0) + 1
+        observed, processing = self._sampled_outcomes_that_verify(target, config, prompt, params)
+        expected = exact_joint_distribution(target.model, prompt, params, self.sample_length, processing)
         p_value = chi_square_p_value(observed, expected, self.num_samples)
         assert p_value > P_VALUE_FLOOR, f"processed sampled outputs do not follow the target (p={p_value:.2e})"
 
