@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 from specdec import ModelRunner, load_model
+from specdec.static_forward import bucket_for
 
 
 def median_ms(fn: Callable[[], object], sync: Callable[[], None], repeats: int = 50) -> float:
@@ -48,7 +49,8 @@ def profile(model: torch.nn.Module, execution: str, max_model_len: int, context:
     static = runner._static
     if static is not None:
         result["pack_inputs_ms"] = median_ms(lambda: static._host_inputs([[5]], None, 1, 1), lambda: None)
-        bucket = static._buckets.get((1, 1, runner.capture_hidden_states))
+        key_length = bucket_for(context + 1, static.key_lengths)
+        bucket = static._buckets.get((1, 1, key_length, runner.capture_hidden_states))
         if bucket is not None and bucket.graph is not None:
             result["replay_ms"] = median_ms(bucket.graph.replay, sync)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

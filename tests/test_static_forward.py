@@ -16,6 +16,7 @@ from specdec import LLM, SamplingParams
 from specdec.errors import ConfigError
 from specdec.runner import ModelRunner
 from specdec.static_cache import StaticKVCache
+from specdec import static_forward
 from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, use_recordable_experts, width_buckets
 from specdec.testing.architectures import make_tiny_model
 
@@ -86,6 +87,29 @@ def test_static_forward_equals_eager(architecture, device, modes):
         assert len(got) == len(expected)
         for a, b in zip(got, expected):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma2"])
+def test_rows_growing_across_key_length_buckets_keep_the_eager_logits(architecture, device, modes, monkeypatch):
+    """A forward attends over the shortest key length bucket that holds its longest row (here 4,
+    8, 16, 32 ... positions, as 512, 2,048 ... are for real models): two rows of different lengths
+    decoding chains and a tree past 16 and 32 positions give the eager runner's logits at every
+    step, on full and sliding-window attention."""
+    monkeypatch.setattr(static_forward, "MIN_KEY_LENGTH", 4)
+    monkeypatch.setattr(static_forward, "KEY_LENGTH_STEP", 2)
+    target = make_tiny_model(architecture, device=device, window=2)
+    script = [("join", [list(range(3, 13)), list(range(4, 9))])]
+    script += [("rows", [[5 + i, 6 + i], [7 + i]]) for i in range(12)]
+    script += [("rows", [[11, 12, 13], [14]], [[-1, 0, 0], None])]
+    eager = ModelRunner(target.model)
+    expected = _replay(eager, eager.new_batch_cache(), script)
+    for mode in modes:
+        runner = ModelRunner(target.model, execution=mode)
+        runner.prepare(max_rows=2, max_width=3)
+        got = _replay(runner, runner.new_batch_cache(), script)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert {length for (_, _, length, _) in runner._static._buckets} >= {16, 32, 64}
 
 
 def test_shapes_past_the_buckets_run_the_same_forward_unpadded(tiny, device):

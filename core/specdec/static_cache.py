@@ -5,9 +5,10 @@ cache a captured forward writes to must keep its buffers for good: :class:`Stati
 allocates every layer's keys and values once, for ``max_rows`` requests of ``capacity`` positions,
 and does everything else in place (requests leaving, joining, rolling back, moving an accepted
 tree path). Inside a forward, a layer writes the new keys where :attr:`StaticKVCache.write_positions`
-(a device tensor the forward fills) says and returns its whole buffer for the batch's rows:
-attention then runs over all ``capacity`` positions, the mask hiding what each row has not
-written, so its shapes depend only on the batch and token counts, never on the lengths.
+(a device tensor the forward fills) says and returns its buffer for the batch's rows up to
+:attr:`StaticKVCache.attend` positions: attention runs over that bucketed length, the mask hiding
+what each row has not written, so its shapes depend on the batch and token counts and the length
+bucket, never on the lengths themselves.
 
 Everything outside the forward (the engine's bookkeeping) keeps :class:`~specdec.kv_cache.BatchKVCache`'s
 interface: requests are prefilled alone in an ordinary cache and copied into a row here.
@@ -38,7 +39,8 @@ class StaticLayer(GrowableLayer):
         # Advanced indices around a slice put their dimensions first: [rows, width, heads, dim].
         self._key_buf[index, :, positions] = key_states.transpose(1, 2)
         self._value_buf[index, :, positions] = value_states.transpose(1, 2)
-        self.keys, self.values = self._key_buf[:rows], self._value_buf[:rows]
+        attend = self.cache.attend
+        self.keys, self.values = self._key_buf[:rows, :, :attend], self._value_buf[:rows, :, :attend]
         return self.keys, self.values
 
     def _allocate(self, keys_like: torch.Tensor, values_like: torch.Tensor) -> None:
@@ -88,6 +90,9 @@ class StaticKVCache(BatchKVCache):
         self.layers = [StaticLayer(self) for _ in self.layers]
         self.max_rows = max_rows
         self.capacity = capacity
+        #: The positions the running forward attends over, from the first (set by the forward:
+        #: the shortest length bucket that holds its rows' keys, ``capacity`` at most).
+        self.attend = capacity
         #: ``[rows, width]``: where the running forward writes each row's tokens (set by the forward).
         self.write_positions: torch.Tensor | None = None
 

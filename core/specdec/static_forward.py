@@ -11,7 +11,8 @@ the model forward are all computed from them inside the recorded region, so a re
 host-to-device copy. Shapes are bucketed: the batch is padded up to the next of
 :func:`batch_buckets` (padding rows write to unused cache rows) and the tokens per row up to the
 next of :func:`width_buckets` (padding tokens write past the row's length, where stale entries
-already lie); a shape past the largest bucket runs the same static forward without a graph.
+already lie), and the keys attended over to the next of :func:`key_length_buckets` that holds
+the longest row; a shape past the largest bucket runs the same static forward without a graph.
 
 Execution modes (``--enforce-eager`` and ``--compile`` on the command line):
 
@@ -81,6 +82,22 @@ def width_buckets(max_width: int) -> list[int]:
     return sorted(set(widths + [max_width]))
 
 
+#: The shortest key length recorded; each longer one is ``KEY_LENGTH_STEP`` times the last.
+MIN_KEY_LENGTH = 512
+KEY_LENGTH_STEP = 4
+
+
+def key_length_buckets(capacity: int) -> list[int]:
+    """Key positions a forward attends over: 512, 2,048, 8,192 ... below ``capacity``, then
+    ``capacity``. A request 300 tokens in attends over 512 positions, not the 8,192 reserved."""
+    lengths = []
+    length = MIN_KEY_LENGTH
+    while length < capacity:
+        lengths.append(length)
+        length *= KEY_LENGTH_STEP
+    return lengths + [capacity]
+
+
 def bucket_for(size: int, buckets: list[int]) -> int | None:
     """The smallest bucket holding ``size``; ``None`` past the largest."""
     return next((b for b in buckets if b >= size), None)
@@ -106,6 +123,8 @@ class _Bucket:
 
     rows: int
     width: int
+    #: Key positions attended over (:func:`key_length_buckets`).
+    key_length: int
     hidden_states: bool
     packed: torch.Tensor
     graph: torch.cuda.CUDAGraph | None = None
@@ -149,6 +168,7 @@ class StaticForward:
         self._layer_masks = layer_masks
         self.batch_sizes = batch_buckets(cache.max_rows)
         self.widths = width_buckets(max_width)
+        self.key_lengths = key_length_buckets(cache.capacity)
         self._buckets: dict[tuple[int, int, bool], _Bucket] = {}
         self._pool = None
         #: Device memory the recorded graphs took beside the KV cache (CUDA; 0 elsewhere).
@@ -156,7 +176,7 @@ class StaticForward:
         self._run = torch.compile(self._static_forward, dynamic=False) if mode == "compile" else self._static_forward
         if mode == "compile":
             # One graph per bucket; dynamo's default of 8 per function would fall back to eager.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(self.batch_sizes) * len(self.widths))
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * len(self.batch_sizes) * len(self.widths) * len(self.key_lengths))
 
     @property
     def captures(self) -> bool:
@@ -169,13 +189,13 @@ class StaticForward:
         if not self.captures:
             return
         before = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
-        shapes = [(b, w) for b in self.batch_sizes for w in self.widths]
+        shapes = [(b, w, k) for b in self.batch_sizes for w in self.widths for k in self.key_lengths]
         columns = (TextColumn("[bold]capturing forward shapes"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         # On stderr: stdout carries a command's results (`generate --json` lines).
         with Progress(*columns, console=log_console(stderr=True), disable=not show_progress, transient=True) as progress:
             task = progress.add_task("capture", total=len(shapes))
-            for rows, width in shapes:
-                self._prepared(rows, width, hidden_states)
+            for rows, width, key_length in shapes:
+                self._prepared(rows, width, key_length, hidden_states)
                 progress.advance(task)
         if self.device.type == "cuda":
             self.capture_bytes = torch.cuda.memory_allocated(self.device) - before - self.cache_bytes()
@@ -203,31 +223,34 @@ class StaticForward:
         n, width = len(rows), max(len(r) for r in rows)
         self.cache.check_room(n, width)
         bucket_rows, bucket_width = bucket_for(n, self.batch_sizes), bucket_for(width, self.widths)
+        # Every key this forward reads or writes lies below its longest row's end (padding rows
+        # write from position 0).
+        key_length = bucket_for(max(self.cache.lengths[:n], default=0) + width, self.key_lengths) or self.cache.capacity
         if bucket_rows is None or bucket_width is None:
             inputs = self._host_inputs(rows, parents, n, width).to(self.device)
-            return self._static_forward(*_Bucket(n, width, hidden_states, inputs).inputs, hidden_states)
-        bucket = self._prepared(bucket_rows, bucket_width, hidden_states)
+            return self._static_forward(*_Bucket(n, width, key_length, hidden_states, inputs).inputs, hidden_states, key_length)
+        bucket = self._prepared(bucket_rows, bucket_width, key_length, hidden_states)
         bucket.packed.copy_(self._host_inputs(rows, parents, bucket_rows, bucket_width), non_blocking=True)
         if bucket.graph is not None:
             bucket.graph.replay()
             logits, hidden = bucket.outputs
         else:
-            logits, hidden = self._run(*bucket.inputs, hidden_states)
+            logits, hidden = self._run(*bucket.inputs, hidden_states, key_length)
         # A replay overwrites its outputs: hand out copies of the rows that are real.
         logits = logits[:n, :width].clone()
         hidden = tuple(h[:n, :width].clone() for h in hidden) if hidden is not None else None
         return logits, hidden
 
-    def _prepared(self, rows: int, width: int, hidden_states: bool) -> _Bucket:
-        bucket = self._buckets.get((rows, width, hidden_states))
+    def _prepared(self, rows: int, width: int, key_length: int, hidden_states: bool) -> _Bucket:
+        bucket = self._buckets.get((rows, width, key_length, hidden_states))
         if bucket is None:
             packed = self._host_inputs([], None, rows, width).to(self.device)
-            bucket = self._buckets[(rows, width, hidden_states)] = _Bucket(rows, width, hidden_states, packed)
+            bucket = self._buckets[(rows, width, key_length, hidden_states)] = _Bucket(rows, width, key_length, hidden_states, packed)
             if self.mode == "compile":
                 # An eager run first allocates the cache's buffers: compiled before, the
                 # graph would guard on their absence and recompile once they exist.
-                self._static_forward(*bucket.inputs, hidden_states)
-                self._run(*bucket.inputs, hidden_states)  # compiles this shape
+                self._static_forward(*bucket.inputs, hidden_states, key_length)
+                self._run(*bucket.inputs, hidden_states, key_length)  # compiles this shape
             if self.mode == "cuda_graph" or (self.mode == "compile" and self.device.type == "cuda"):
                 self._capture(bucket)
         return bucket
@@ -240,7 +263,7 @@ class StaticForward:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run(*bucket.inputs, bucket.hidden_states)
+                self._run(*bucket.inputs, bucket.hidden_states, bucket.key_length)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # No garbage collection while recording (torch collects just before): a collection could
@@ -251,7 +274,7 @@ class StaticForward:
         gc.disable()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                bucket.outputs = self._run(*bucket.inputs, bucket.hidden_states)
+                bucket.outputs = self._run(*bucket.inputs, bucket.hidden_states, bucket.key_length)
         finally:
             if collecting:
                 gc.enable()
@@ -278,12 +301,13 @@ class StaticForward:
         return torch.cat([ids.flatten(), positions.flatten(), starts, visible.flatten()])
 
     def _static_forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, visible: torch.Tensor, hidden_states: bool
+        self, input_ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, visible: torch.Tensor, hidden_states: bool,
+        key_length: int,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """The forward from fixed inputs alone (what a graph records): the mask over the whole
-        cache, the write positions, the model."""
+        """The forward from fixed inputs alone (what a graph records): the mask over the first
+        ``key_length`` positions of the cache, the write positions, the model."""
         rows, width = input_ids.shape
-        capacity = self.cache.capacity
+        capacity = self.cache.attend = key_length
         self.cache.write_positions = starts[:, None] + torch.arange(width, device=input_ids.device)
         keys = torch.arange(capacity, device=input_ids.device)
         offset = keys[None, :] - starts[:, None]  # [rows, capacity]: key index within this forward's tokens
