@@ -162,6 +162,10 @@ def test_buckets():
     assert width_buckets(60) == [*range(1, 17), 32, 60]
     assert bucket_for(3, [1, 2, 4]) == 4
     assert bucket_for(5, [1, 2, 4]) is None
+    # Key lengths: 512, 2,048 ... while at most half the reserved length, then all of it.
+    assert static_forward.key_length_buckets(8197) == [512, 2048, 8197]
+    assert static_forward.key_length_buckets(1025) == [512, 1025]
+    assert static_forward.key_length_buckets(600) == [600]
 
 
 def test_execution_modes_resolve_per_device():

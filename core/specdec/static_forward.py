@@ -88,11 +88,12 @@ KEY_LENGTH_STEP = 4
 
 
 def key_length_buckets(capacity: int) -> list[int]:
-    """Key positions a forward attends over: 512, 2,048, 8,192 ... below ``capacity``, then
-    ``capacity``. A request 300 tokens in attends over 512 positions, not the 8,192 reserved."""
+    """Key positions a forward attends over: 512, 2,048, 8,192 ... up to half of ``capacity``,
+    then ``capacity`` (a bucket barely shorter than the whole would only add graphs). A request
+    300 tokens in attends over 512 positions, not the 8,192 reserved."""
     lengths = []
     length = MIN_KEY_LENGTH
-    while length < capacity:
+    while 2 * length <= capacity:
         lengths.append(length)
         length *= KEY_LENGTH_STEP
     return lengths + [capacity]
