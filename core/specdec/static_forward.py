@@ -170,7 +170,7 @@ class StaticForward:
         self.batch_sizes = batch_buckets(cache.max_rows)
         self.widths = width_buckets(max_width)
         self.key_lengths = key_length_buckets(cache.capacity)
-        self._buckets: dict[tuple[int, int, bool], _Bucket] = {}
+        self._buckets: dict[tuple[int, int, int, bool], _Bucket] = {}
         self._pool = None
         #: Device memory the recorded graphs took beside the KV cache (CUDA; 0 elsewhere).
         self.capture_bytes = 0
