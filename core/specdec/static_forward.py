@@ -225,8 +225,8 @@ class StaticForward:
         self.cache.check_room(n, width)
         bucket_rows, bucket_width = bucket_for(n, self.batch_sizes), bucket_for(width, self.widths)
         # Every key this forward reads or writes lies below its longest row's end (padding rows
-        # write from position 0).
-        key_length = bucket_for(max(self.cache.lengths[:n], default=0) + width, self.key_lengths) or self.cache.capacity
+        # write from position 0); check_room has made sure the whole cache holds it.
+        key_length = bucket_for(max(self.cache.lengths[:n], default=0) + width, self.key_lengths)
         if bucket_rows is None or bucket_width is None:
             inputs = self._host_inputs(rows, parents, n, width).to(self.device)
             return self._static_forward(*_Bucket(n, width, key_length, hidden_states, inputs).inputs, hidden_states, key_length)
@@ -308,14 +308,14 @@ class StaticForward:
         """The forward from fixed inputs alone (what a graph records): the mask over the first
         ``key_length`` positions of the cache, the write positions, the model."""
         rows, width = input_ids.shape
-        capacity = self.cache.attend = key_length
+        self.cache.attend = key_length
         self.cache.write_positions = starts[:, None] + torch.arange(width, device=input_ids.device)
-        keys = torch.arange(capacity, device=input_ids.device)
-        offset = keys[None, :] - starts[:, None]  # [rows, capacity]: key index within this forward's tokens
+        keys = torch.arange(key_length, device=input_ids.device)
+        offset = keys[None, :] - starts[:, None]  # [rows, key_length]: key index within this forward's tokens
         in_forward = (offset >= 0) & (offset < width)
-        sees_new = visible.bool().gather(2, offset.clamp(0, width - 1)[:, None, :].expand(rows, width, capacity))
+        sees_new = visible.bool().gather(2, offset.clamp(0, width - 1)[:, None, :].expand(rows, width, key_length))
         allowed = (offset < 0)[:, None, :] | (in_forward[:, None, :] & sees_new)
-        mask = torch.zeros((rows, 1, width, capacity), dtype=self.dtype, device=input_ids.device)
+        mask = torch.zeros((rows, 1, width, key_length), dtype=self.dtype, device=input_ids.device)
         mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
-        key_positions = keys.expand(rows, capacity).scatter(1, self.cache.write_positions, positions)
+        key_positions = keys.expand(rows, key_length).scatter(1, self.cache.write_positions, positions)
         return self._forward_model(input_ids, positions, self._layer_masks(mask, positions, key_positions), hidden_states)
