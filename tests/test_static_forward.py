@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import LLM, SamplingParams
+from specdec import LLM, SamplingParams, static_forward
 from specdec.errors import ConfigError
 from specdec.runner import ModelRunner
 from specdec.static_cache import StaticKVCache
-from specdec import static_forward
 from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, use_recordable_experts, width_buckets
+from specdec.testing import TinyTarget
 from specdec.testing.architectures import make_tiny_model
 
 
@@ -54,6 +54,22 @@ def _replay(runner: ModelRunner, cache, script: list) -> list[torch.Tensor]:
     return logits
 
 
+def _assert_static_equals_eager(target: TinyTarget, script: list, modes: list[str], max_rows: int, max_width: int) -> list[ModelRunner]:
+    """Replay ``script`` on the eager runner and on a static runner per mode: the same logits
+    everywhere (float32, 1e-5). Returns the static runners."""
+    eager = ModelRunner(target.model)
+    expected = _replay(eager, eager.new_batch_cache(), script)
+    runners = []
+    for mode in modes:
+        runner = ModelRunner(target.model, execution=mode)
+        runner.prepare(max_rows=max_rows, max_width=max_width)
+        got = _replay(runner, runner.new_batch_cache(), script)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        runners.append(runner)
+    return runners
+
+
 #: Three requests join, decode ragged chains and a tree, roll back, one leaves, one takes its row.
 SCRIPT = [
     ("join", [list(range(3, 12)), list(range(20, 26)), list(range(5, 20))]),
@@ -78,15 +94,7 @@ def test_static_forward_equals_eager(architecture, device, modes):
     # A window of 2: the deep tree above has a grandparent inside the window by its index in the
     # forward but outside it by its position.
     target = make_tiny_model(architecture, device=device, window=2)
-    eager = ModelRunner(target.model)
-    expected = _replay(eager, eager.new_batch_cache(), SCRIPT)
-    for mode in modes:
-        runner = ModelRunner(target.model, execution=mode)
-        runner.prepare(max_rows=4, max_width=6)
-        got = _replay(runner, runner.new_batch_cache(), SCRIPT)
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    _assert_static_equals_eager(target, SCRIPT, modes, max_rows=4, max_width=6)
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gemma2"])
@@ -101,14 +109,7 @@ def test_rows_growing_across_key_length_buckets_keep_the_eager_logits(architectu
     script = [("join", [list(range(3, 13)), list(range(4, 9))])]
     script += [("rows", [[5 + i, 6 + i], [7 + i]]) for i in range(12)]
     script += [("rows", [[11, 12, 13], [14]], [[-1, 0, 0], None])]
-    eager = ModelRunner(target.model)
-    expected = _replay(eager, eager.new_batch_cache(), script)
-    for mode in modes:
-        runner = ModelRunner(target.model, execution=mode)
-        runner.prepare(max_rows=2, max_width=3)
-        got = _replay(runner, runner.new_batch_cache(), script)
-        for a, b in zip(got, expected, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for runner in _assert_static_equals_eager(target, script, modes, max_rows=2, max_width=3):
         assert {length for (_, _, length, _) in runner._static._buckets} >= {16, 32, 64}
 
 
