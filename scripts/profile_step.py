@@ -13,26 +13,17 @@ Without CUDA it times the static path uncaptured and the eager forward (a dry ru
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from specdec import ModelRunner, load_model
+from specdec.bench.timing import median_seconds
 from specdec.static_forward import bucket_for
 
 
 def median_ms(fn: Callable[[], object], sync: Callable[[], None], repeats: int = 50) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    return median_seconds(fn, repeats, sync) * 1e3
 
 
 def profile(model: torch.nn.Module, execution: str, max_model_len: int, context: int, sync: Callable[[], None]) -> dict:

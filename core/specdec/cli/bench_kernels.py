@@ -7,9 +7,6 @@ machine without a usable GPU only the torch path runs, and the table says why.
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -17,6 +14,7 @@ import torch
 from rich.table import Table
 
 from specdec import kernels
+from specdec.bench.timing import median_seconds
 from specdec.errors import ConfigError
 from specdec.kernels import reference
 from specdec.progress import log_console
@@ -40,19 +38,6 @@ def _inputs(op: str, batch: int, k: int, vocab: int, device: torch.device, dtype
         exponential = torch.rand(batch, vocab, generator=g).neg_().log1p_().neg_()
         args = (draft_ids, num_drafts, draft_probs, target_probs.to(dtype), torch.rand(batch, k, generator=g), exponential)
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def _time(fn: Callable[[], Any], iters: int, sync: Callable[[], None]) -> float:
-    """Median seconds per call, after one warm-up call (which compiles a kernel)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 OPS = {
@@ -107,13 +92,13 @@ def bench_kernels(batches: str, draft_len: int, vocab: int, dtype: str, ops: str
         for batch in sizes:
             args = _inputs(op, batch, draft_len, vocab, dev, getattr(torch, dtype))
             torch_fn = getattr(reference, name)
-            torch_s = _time(lambda: torch_fn(*args), iters, sync)
+            torch_s = median_seconds(lambda: torch_fn(*args), iters, sync)
             if module is None:
                 table.add_row(label, str(batch), f"{torch_s * 1e6:.1f}", "-", "-", "-")
                 continue
             kernel_fn = getattr(module, name)
             same = all(torch.equal(a, b) for a, b in zip(kernel_fn(*args), torch_fn(*args)))
-            kernel_s = _time(lambda: kernel_fn(*args), iters, sync)
+            kernel_s = median_seconds(lambda: kernel_fn(*args), iters, sync)
             table.add_row(label, str(batch), f"{torch_s * 1e6:.1f}", f"{kernel_s * 1e6:.1f}", f"{torch_s / kernel_s:.2f}x",
                           "yes" if same else "[red]NO[/]")
     console.print(table)
