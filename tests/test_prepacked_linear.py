@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from specdec.errors import ConfigError
-from specdec.prepacked_linear import PREPACK_ENV, PrepackedLinear, prepack_linears
+from specdec.prepacked_linear import PREPACK_ENV, ROW_BLOCK, PrepackedLinear, prepack_linears
 from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears
 
@@ -131,3 +131,19 @@ def test_runner_packs_bf16_targets_and_keeps_their_logits(tiny, monkeypatch):
         outputs.append(steps)
     for mine, theirs in zip(*outputs):
         torch.testing.assert_close(mine, theirs, atol=5e-2, rtol=5e-2)
+
+
+@needs_prepacked_linears
+def test_a_row_gets_the_same_bits_however_many_rows_share_the_call():
+    """Batch invariance (issue 48): each row's output is the one it gets alone, at row counts up
+    to ROW_BLOCK and past it, 2-D and 3-D. The shape is SmolLM2's 1,536-to-576 layer, which
+    oneDNN, called with all rows at once, gave other bits at 150 to 260 rows."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1536, 576)).to(torch.bfloat16)
+    prepack_linears(model)
+    x = torch.randn(300, 1536).to(torch.bfloat16)
+    with torch.inference_mode():
+        alone = torch.cat([model(x[i : i + 1]) for i in range(300)])
+        for rows in (2, 7, ROW_BLOCK, ROW_BLOCK + 1, 200, 256, 300):
+            assert torch.equal(model(x[:rows]), alone[:rows]), rows
+        assert torch.equal(model(x.view(2, 150, 1536)), alone.view(2, 150, 576))

@@ -28,6 +28,25 @@ from specdec.errors import ModelLoadError
 
 _MIN_CAPACITY = 256
 
+#: A batch forward's attention reads its keys in whole blocks of this many positions
+#: (:func:`padded_key_length`).
+KEY_BLOCK = 32
+
+
+def padded_key_length(end: int) -> int:
+    """``end`` keys rounded up to whole :data:`KEY_BLOCK` blocks, the extra ones masked.
+
+    PyTorch's CPU flash attention sums a query's keys in an order that depends on how many keys
+    past a multiple of 16 or 32 it is given: a token two drafts before the end of a verify forward
+    saw two more (masked) keys than the same token decoded alone, and on a 2-core AVX512-BF16 Xeon
+    its bfloat16 attention output differed in about a third of the shapes tried. Reading whole
+    blocks of 32, a masked key adds an exact zero wherever it lies, and every shape tried (up to
+    2,000 keys, up to 300 query tokens) gave each token the same bits alone, in a verify forward
+    or in a batch: the issue-48 batch invariance that makes bfloat16 speculative output plain
+    decoding's, bit for bit.
+    """
+    return -(-end // KEY_BLOCK) * KEY_BLOCK
+
 #: The attention layer types the cache holds (names as in transformers' ``config.layer_types``).
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -105,7 +124,7 @@ class GrowableLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         starts = self.cache.lengths
         width = key_states.shape[-2]
-        end = max(starts) + width
+        end = max(max(starts) + width, self.cache.attend or 0)
         if self._key_buf is None or end > self._key_buf.shape[-2]:
             self._grow(key_states, value_states, self.cache.capacity_for(end, width))
         first = starts[0]
@@ -207,6 +226,10 @@ class BatchKVCache(DynamicCache):
         super().__init__(config=config)
         self.layers = [GrowableLayer(self) for _ in self.layers]
         self.lengths = [0] * rows
+        #: The positions the running forward's attention reads, when its owner sets more than the
+        #: longest row's end (the runner pads them to :func:`padded_key_length`, its mask hiding
+        #: the extra ones); ``None``: up to that end.
+        self.attend: int | None = None
         #: The model's context; rows never hold more, but for a verify forward's last drafts.
         self.context_length = context_length(config)
 

@@ -17,6 +17,14 @@ bfloat16 on CPU: a CPU input of the weight's dtype with autograd off (``torch.in
 rebuilt when the weight is replaced or changed in place. It costs the layer's weight size again
 in memory.
 
+oneDNN picks its blocking, and with it each output's summation order, from the number of rows it
+multiplies: on a 2-core AVX512-BF16 Xeon, SmolLM2's 1,536-to-576 layer gave some rows other bits
+at 150 to 260 rows than one row at a time (every count up to 149 agreed, for every layer of the
+model). A packed layer therefore multiplies at most :data:`ROW_BLOCK` rows per call, so a token's
+output is the same whether a forward holds it alone, in a draft of eight or in a batch of 32
+(issue 48's batch invariance; :mod:`specdec.kv_cache` pads the attention's keys for the same
+reason). Prefill's long inputs run as several calls of that size, at oneDNN's full speed.
+
 ``SPECDEC_PREPACK`` chooses: ``auto`` (the default: bfloat16 layers, when this PyTorch build
 and CPU run oneDNN's bfloat16 kernels) or ``off``.
 """
@@ -44,6 +52,9 @@ except (AttributeError, RuntimeError):
     _reorder = _linear = None
 _NO_SCALARS: list[float] = []
 
+#: The most rows one packed multiply takes (see the module docstring).
+ROW_BLOCK = 128
+
 
 class PrepackedLinear(nn.Linear):
     """An ``nn.Linear`` that multiplies by a oneDNN-packed copy of its weight when it may."""
@@ -68,7 +79,11 @@ class PrepackedLinear(nn.Linear):
         if self._packed_key != key:
             self._packed = _reorder(weight.detach(), 1)
             self._packed_key = key
-        return _linear(input, self._packed, self.bias, "none", _NO_SCALARS, "")
+        rows = input.reshape(-1, input.shape[-1])
+        if rows.shape[0] <= ROW_BLOCK:
+            return _linear(input, self._packed, self.bias, "none", _NO_SCALARS, "")
+        out = torch.cat([_linear(block, self._packed, self.bias, "none", _NO_SCALARS, "") for block in rows.split(ROW_BLOCK)])
+        return out.reshape(*input.shape[:-1], out.shape[-1])
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the packed weight out (oneDNN's opaque tensors have no storage

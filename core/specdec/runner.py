@@ -39,7 +39,8 @@ from transformers import DynamicCache, PreTrainedModel
 from specdec.attention import use_packed_attention
 from specdec.errors import ModelLoadError
 from specdec.kv_cache import (
-    BatchKVCache, attention_layer_types, check_model_supported, context_length, new_kv_cache, sliding_window,
+    BatchKVCache, attention_layer_types, check_model_supported, context_length, new_kv_cache, padded_key_length,
+    sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
 from specdec.static_cache import StaticKVCache
@@ -121,7 +122,7 @@ class ModelRunner:
         bucketed shape now, in the captured modes. Eager mode has nothing to prepare."""
         if not self.static:
             return
-        capacity = self.max_length + width_buckets(max_width)[-1]
+        capacity = padded_key_length(self.max_length + width_buckets(max_width)[-1])
         cache = StaticKVCache(self.model.config, max_rows, capacity)
         self._static = StaticForward(
             self.execution, cache, self._forward_static, _visibility, self._static_layer_masks, self.dtype, self.device, max_width
@@ -209,7 +210,10 @@ class ModelRunner:
     ) -> list[RunnerOutput]:
         """Append ``rows[b]`` to request ``b`` of a batch; each row's logits ``[len(rows[b]), vocab]``.
 
-        Rows are padded to the longest. Row ``b``'s tokens are written at ``cache.lengths[b]``
+        Rows are padded to the longest, and the keys attended over to whole
+        :data:`~specdec.kv_cache.KEY_BLOCK` blocks (:func:`~specdec.kv_cache.padded_key_length`),
+        so that a token's logits have the same bits however many tokens and rows the forward
+        holds. Row ``b``'s tokens are written at ``cache.lengths[b]``
         onward and attend only to that row's own cache and their own predecessors, so each row's
         logits equal a forward of that request alone (up to floating-point summation order).
         Padding writes cache entries past the row's new length, which its next forward overwrites.
@@ -226,7 +230,7 @@ class ModelRunner:
         width = max(len(r) for r in rows)
         starts = cache.lengths
         input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
-        kv_length = max(starts) + width
+        kv_length = padded_key_length(max(starts) + width)
         allowed = torch.arange(kv_length)[None, None, :] < torch.tensor(starts)[:, None, None]
         allowed = allowed.expand(len(rows), width, kv_length).clone()
         depths = []
@@ -239,14 +243,18 @@ class ModelRunner:
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         mask = mask.to(self.device)
-        out = self.model(
-            input_ids=input_ids,
-            **{self._cache_keyword: cache},
-            use_cache=True,
-            position_ids=position_ids.to(self.device),
-            attention_mask=self._layer_masks(mask[:, None], position_ids, starts),
-            output_hidden_states=self.capture_hidden_states,
-        )
+        cache.attend = kv_length
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                **{self._cache_keyword: cache},
+                use_cache=True,
+                position_ids=position_ids.to(self.device),
+                attention_mask=self._layer_masks(mask[:, None], position_ids, starts),
+                output_hidden_states=self.capture_hidden_states,
+            )
+        finally:
+            cache.attend = None
         cache.advance([len(r) for r in rows])
         logits = out.logits.float()
         outputs = []

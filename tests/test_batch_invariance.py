@@ -1,0 +1,81 @@
+"""Batch invariance (issue 48): in bfloat16 on a CPU with oneDNN's bfloat16 kernels, a token's
+logits have the same bits whether the runner computes it alone, among the drafts of a verify
+forward or next to other requests of other lengths. That is what makes greedy speculative output
+plain greedy decoding's, token for token, in bfloat16.
+
+Without the padded key length (:func:`specdec.kv_cache.padded_key_length`) this fails on a CPU with
+AVX512-BF16: PyTorch's flash attention then sums a token's keys in an order that depends on how
+many keys follow it. Elsewhere (float32, whose MKL multiplies depend on the row count, CUDA, a CPU
+without bfloat16 kernels) the bits may differ, so the tests skip there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.kv_cache import KEY_BLOCK, padded_key_length
+from specdec.runner import ModelRunner
+from specdec.testing import needs_prepacked_linears
+from specdec.testing.tiny import make_tiny_target
+
+#: Three prompts and their continuations, over the tiny vocabulary's ids 3 to 35; long enough that
+#: every request crosses 32- and 64-key blocks.
+PROMPTS = [[(5 * i + r) % 33 + 3 for i in range(n)] for r, n in enumerate((21, 30, 45))]
+TOKENS = [[(7 * i + 11 * r) % 33 + 3 for i in range(48)] for r in range(3)]
+
+
+@pytest.fixture
+def model() -> torch.nn.Module:
+    return make_tiny_target(num_layers=2, hidden=128).model.to(torch.bfloat16)
+
+
+def _decode(runner: ModelRunner, requests: list[int], widths: list[list[int]]) -> list[torch.Tensor]:
+    """Prefill each of ``requests`` (indices into PROMPTS) alone, then forward their TOKENS
+    together, ``widths[step][b]`` tokens of request ``b`` per forward; each request's logits."""
+    cache = runner.new_batch_cache()
+    for r in requests:
+        row = runner.new_cache()
+        runner.forward(row, PROMPTS[r])
+        cache.append_rows(row)
+    done = [0] * len(requests)
+    logits: list[list[torch.Tensor]] = [[] for _ in requests]
+    for step in widths:
+        rows = [TOKENS[r][done[b] : done[b] + step[b]] for b, r in enumerate(requests)]
+        for b, out in enumerate(runner.forward_rows(cache, rows)):
+            logits[b].append(out.logits)
+            done[b] += step[b]
+    return [torch.cat(parts) for parts in logits]
+
+
+#: Verify widths of request 0 (48 tokens in all), and of the two requests beside it in a batch.
+CHAINS = [2, 5, 3, 9, 1, 7, 4, 8, 6, 3]
+BATCHED = [[(w + 3) % 5 + 1, w, (2 * w) % 7 + 1] for w in CHAINS]
+
+
+@needs_prepacked_linears
+def test_a_token_has_the_same_logits_alone_in_a_verify_forward_and_in_a_batch(model: torch.nn.Module) -> None:
+    """Request 0 decoded one token per forward is the reference. Verify forwards of 1 to 9
+    tokens, alone and in a batch of three requests of other lengths and widths, give every one of
+    its tokens the same bits."""
+    runner = ModelRunner(model)
+    plain = _decode(runner, [0], [[1]] * 48)[0]
+    assert torch.equal(_decode(runner, [0], [[w] for w in CHAINS])[0], plain)
+    assert torch.equal(_decode(runner, [1, 0, 2], BATCHED)[1], plain)
+
+
+@needs_prepacked_linears
+def test_the_static_path_gives_the_eager_bits(model: torch.nn.Module) -> None:
+    """The static-shape path attends over its key length buckets (here 512 keys) where the eager
+    one reads the fewest whole blocks: the same batch of verify forwards gets the same bits."""
+    eager = ModelRunner(model)
+    static = ModelRunner(model, execution="static")
+    static.prepare(max_rows=3, max_width=9)
+    assert static.static
+    assert torch.equal(_decode(static, [1, 0, 2], BATCHED)[1], _decode(eager, [1, 0, 2], BATCHED)[1])
+
+
+def test_keys_are_read_in_whole_blocks() -> None:
+    assert [padded_key_length(n) for n in (1, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK - 1)] == [
+        KEY_BLOCK, KEY_BLOCK, 2 * KEY_BLOCK, 3 * KEY_BLOCK
+    ]
