@@ -42,7 +42,9 @@ def _decode(runner: ModelRunner, requests: list[int], widths: list[list[int]]) -
     logits: list[list[torch.Tensor]] = [[] for _ in requests]
     for step in widths:
         rows = [TOKENS[r][done[b] : done[b] + step[b]] for b, r in enumerate(requests)]
-        for b, out in enumerate(runner.forward_rows(cache, rows)):
+        # One request forwards as the engine forwards it alone (ModelRunner.forward).
+        outputs = [runner.forward(cache, rows[0])] if len(rows) == 1 else runner.forward_rows(cache, rows)
+        for b, out in enumerate(outputs):
             logits[b].append(out.logits)
             done[b] += step[b]
     return [torch.cat(parts) for parts in logits]

@@ -148,8 +148,9 @@ def test_the_static_cache_refuses_what_it_cannot_hold(tiny):
     cache = runner.new_batch_cache(2)
     with pytest.raises(ValueError, match="static KV cache of 2 rows"):
         cache.append_rows(runner.new_cache())
-    with pytest.raises(ValueError, match="36 positions"):
-        runner.forward_rows(cache, [[3] * 40, [3]])
+    # 32 positions and a forward's 4, in whole blocks of 32 keys (KEY_BLOCK).
+    with pytest.raises(ValueError, match="of 64 positions"):
+        runner.forward_rows(cache, [[3] * 70, [3]])
     with pytest.raises(ValueError, match="3 requests"):
         runner.new_batch_cache(3)
     assert isinstance(cache, StaticKVCache) and runner.max_length == 32
@@ -225,7 +226,8 @@ def test_a_model_that_cannot_be_captured_runs_eagerly_unless_capture_was_asked_f
 
 
 def test_the_static_path_accounts_for_its_memory(tiny):
-    """The KV cache's bytes are known once a forward allocated it: rows x positions x layers."""
+    """The KV cache's bytes are known once a forward allocated it: rows x positions x layers,
+    the positions (32, and a forward's 4) in whole blocks of 32 keys."""
     runner = ModelRunner(tiny.model, execution="static", max_model_len=32)
     assert ModelRunner(tiny.model).static_memory is None
     runner.prepare(max_rows=2, max_width=4)
@@ -233,7 +235,7 @@ def test_the_static_path_accounts_for_its_memory(tiny):
     runner.forward_rows(cache, [[3, 4]])
     config = tiny.model.config
     per_position = 2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4  # K and V, fp32
-    want = 2 * (32 + 4) * config.num_hidden_layers * per_position
+    want = 2 * 64 * config.num_hidden_layers * per_position
     assert runner.static_memory == {"kv_cache_bytes": want, "capture_bytes": 0}
 
 

@@ -180,9 +180,13 @@ class ModelRunner:
         is additive, ``[1, 1, n, cache + n]``, as :func:`tree_attention` makes it; sliding-window
         layers get it with the keys outside each token's window hidden as well.
         """
-        if isinstance(cache, StaticKVCache):
-            if position_ids is not None or attention_mask is not None:
-                raise ValueError("a static KV cache takes trees through forward_rows, not position_ids / attention_mask")
+        if isinstance(cache, StaticKVCache) and (position_ids is not None or attention_mask is not None):
+            raise ValueError("a static KV cache takes trees through forward_rows, not position_ids / attention_mask")
+        continues = isinstance(cache, BatchKVCache) and cache.get_seq_length() > 0 and attention_mask is None
+        if isinstance(cache, StaticKVCache) or (continues and position_ids is None):
+            # Decoding and verifying one request run as a batch of one, for its padded key
+            # length: a token's bits then do not depend on the forward's width (a prefill into
+            # an empty cache is the same computation however the request decodes after it).
             output = self.forward_rows(cache, [token_ids])[0]
             return RunnerOutput(output.logits[-1:], output.hidden_states) if last_only else output
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
