@@ -18,16 +18,24 @@ from specdec.testing.conformance import chi_square_p_value, exact_joint_distribu
 @pytest.fixture(scope="module")
 def plain() -> Iterator[LLM]:
     """Fixture: plain float32 decoding on SmolLM2-135M-Instruct, loaded once per test module
-    (which takes it by importing it from here), with every core for as long as it is in use.
+    (which takes it by importing it from here), with every core for as long as it is in use."""
+    yield from _plain("float32")
 
-    Test suites pin torch to one thread for their tiny models; a real model wants all of them, or
-    its share of them when pytest-xdist runs several workers side by side.
-    """
+
+@pytest.fixture(scope="module")
+def plain_bf16() -> Iterator[LLM]:
+    """Fixture: :func:`plain` in bfloat16."""
+    yield from _plain("bfloat16")
+
+
+def _plain(dtype: str) -> Iterator[LLM]:
+    """Test suites pin torch to one thread for their tiny models; a real model wants all of them,
+    or its share of them when pytest-xdist runs several workers side by side."""
     threads = torch.get_num_threads()
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     try:
-        with LLM(None, None, dtype="float32") as llm:
+        with LLM(None, None, dtype=dtype) as llm:
             yield llm
     finally:
         torch.set_num_threads(threads)
