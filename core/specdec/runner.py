@@ -219,7 +219,9 @@ class ModelRunner:
         so that a token's logits have the same bits however many tokens and rows the forward
         holds. Row ``b``'s tokens are written at ``cache.lengths[b]``
         onward and attend only to that row's own cache and their own predecessors, so each row's
-        logits equal a forward of that request alone (up to floating-point summation order).
+        logits equal a forward of that request alone: bit for bit in bfloat16 on a CPU with
+        oneDNN's bfloat16 kernels (for chains; a tree node's keys lie elsewhere than its chain's),
+        to floating-point summation order elsewhere.
         Padding writes cache entries past the row's new length, which its next forward overwrites.
 
         ``parents[b]``, when given, makes row ``b`` a tree: ``parents[b][j]`` is the index within
