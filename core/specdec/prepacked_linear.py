@@ -79,10 +79,10 @@ class PrepackedLinear(nn.Linear):
         if self._packed_key != key:
             self._packed = _reorder(weight.detach(), 1)
             self._packed_key = key
-        rows = input.reshape(-1, input.shape[-1])
-        if rows.shape[0] <= ROW_BLOCK:
+        if input.numel() <= ROW_BLOCK * input.shape[-1]:
             return _linear(input, self._packed, self.bias, "none", _NO_SCALARS, "")
-        out = torch.cat([_linear(block, self._packed, self.bias, "none", _NO_SCALARS, "") for block in rows.split(ROW_BLOCK)])
+        blocks = input.reshape(-1, input.shape[-1]).split(ROW_BLOCK)
+        out = torch.cat([_linear(block, self._packed, self.bias, "none", _NO_SCALARS, "") for block in blocks])
         return out.reshape(*input.shape[:-1], out.shape[-1])
 
     def __getstate__(self) -> dict:
