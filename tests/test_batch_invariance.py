@@ -11,13 +11,18 @@ without bfloat16 kernels) the bits may differ, so the tests skip there.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
+import transformers
 
-from specdec.kv_cache import KEY_BLOCK, padded_key_length
+from specdec.kv_cache import KEY_BLOCK, BatchKVCache, padded_key_length
+from specdec.requests import DraftProposal
 from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears
 from specdec.testing.tiny import make_tiny_target
+from specdec.trees import path_to
 
 #: Three prompts and their continuations, over the tiny vocabulary's ids 3 to 35; long enough that
 #: every request crosses 32- and 64-key blocks.
@@ -81,3 +86,76 @@ def test_keys_are_read_in_whole_blocks() -> None:
     assert [padded_key_length(n) for n in (1, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK - 1)] == [
         KEY_BLOCK, KEY_BLOCK, 2 * KEY_BLOCK, 3 * KEY_BLOCK
     ]
+
+
+def _random_tree(rng: random.Random, nodes: int) -> list[int]:
+    """Parents of a random draft tree (``-1``: a child of the root), bushy and up to 7 deep."""
+    parents: list[int] = []
+    depths: list[int] = []
+    for _ in range(nodes):
+        parent = rng.choice([-1] + [n for n in range(len(parents)) if depths[n] < 7])
+        parents.append(parent)
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return parents
+
+
+def _prefilled(runner: ModelRunner, prompts: list[list[int]]) -> BatchKVCache:
+    cache = runner.new_batch_cache()
+    for prompt in prompts:
+        row = runner.new_cache()
+        runner.forward(row, prompt)
+        cache.append_rows(row)
+    return cache
+
+
+#: Trees per request.
+TREES = 3
+
+
+def _smollm2_shaped(window: int | None) -> torch.nn.Module:
+    """Two random layers with SmolLM2's attention (9 query heads of 64 over 3 key/value heads)
+    and widths, in bfloat16, the shapes the real model's attention runs at; Mistral for a sliding
+    window."""
+    fields = {"vocab_size": 40, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 2,
+              "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 1024,
+              "tie_word_embeddings": False}
+    torch.manual_seed(0)
+    if window is None:
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields)).eval().to(torch.bfloat16)
+    return transformers.MistralForCausalLM(transformers.MistralConfig(**fields, sliding_window=window)).eval().to(torch.bfloat16)
+
+
+@needs_prepacked_linears
+@pytest.mark.parametrize(("window", "lengths"), [(None, (21, 100, 300, 490, 700)), (16, (21, 100, 300))])
+def test_every_node_of_a_tree_has_its_chains_bits(window: int | None, lengths: tuple[int, ...]) -> None:
+    """Random 24-node draft trees, cut to fit (ModelRunner.fit_tree) and verified in one forward
+    for several requests of other lengths at once (one near the 512th key, one past it): every
+    node's logits have the bits of decoding its path one token at a time. (Random weights rarely
+    show a flat layout's other bits: about one node in 200 here, one in ten on the real model,
+    which tests/test_real_model_bf16.py checks.) The sliding-window model checks that copied
+    keys keep their positions for the window."""
+    runner = ModelRunner(_smollm2_shaped(window))
+    assert runner.aligned_trees
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 36) for _ in range(n)] for n in lengths]
+    differ = []
+    for _ in range(TREES):
+        roots = [rng.randrange(3, 36) for _ in prompts]
+        proposals = [
+            runner.fit_tree(DraftProposal([rng.randrange(3, 36) for _ in range(24)], parents=_random_tree(rng, 24)), len(p))
+            for p in prompts
+        ]
+        assert any(p.parents != list(range(-1, len(p) - 1)) for p in proposals)  # not just chains
+        assert 490 not in lengths or len(proposals[lengths.index(490)]) < 24  # near the block's end: cut
+        trees = runner.forward_rows(
+            _prefilled(runner, prompts),
+            [[root, *p.token_ids] for root, p in zip(roots, proposals)],
+            parents=[[-1, *(q + 1 for q in p.parents)] for p in proposals],
+        )
+        for prompt, root, proposal, tree in zip(prompts, roots, proposals, trees):
+            for leaf in set(range(len(proposal))) - set(proposal.parents):
+                chain = _prefilled(runner, [prompt])
+                path = path_to(leaf, proposal.parents)
+                alone = [runner.forward(chain, [token]).logits[0] for token in [root, *(proposal.token_ids[n] for n in path)]]
+                differ += [(len(prompt), n) for n, logits in zip(path, alone[1:]) if not torch.equal(tree.logits[n + 1], logits)]
+    assert differ == []

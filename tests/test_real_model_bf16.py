@@ -1,17 +1,22 @@
 """Batch invariance on the embedded default model in bfloat16 (issue 48): where the CPU has
-oneDNN's bfloat16 kernels, greedy speculative output with every chain-drafting method is plain
-bfloat16 decoding's token for token, alone and batched, and so is a seeded request's; a request
-gets the same text alone and among others.
+oneDNN's bfloat16 kernels, greedy speculative output with every method, chains and trees, is
+plain bfloat16 decoding's token for token, alone and batched, and so is a seeded request's; a
+request gets the same text alone and among others.
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
+import torch
 
 from specdec import LLM, SamplingParams
 from specdec.bench.dataset import load_questions
+from specdec.requests import DraftProposal
 from specdec.testing import needs_prepacked_linears
 from specdec.testing.real_model import plain_bf16  # noqa: F401 (a fixture)
+from specdec.trees import path_to
 
 pytestmark = [pytest.mark.real_model, needs_prepacked_linears]
 
@@ -42,6 +47,61 @@ def test_greedy_speculation_is_plain_bf16_decoding_token_for_token(plain_bf16: L
     assert [o.token_ids for o in alone] == expected
     assert [o.token_ids for o in batched] == expected
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"method": "medusa"},
+        {"method": "eagle3", "eagle_topk": 4, "num_speculative_tokens": 4, "num_draft_tokens": 12},
+        {"method": "suffix"},
+        {"method": "lookahead"},
+    ],
+    ids=["medusa", "eagle3_tree", "suffix", "lookahead"],
+)
+def test_greedy_tree_speculation_is_plain_bf16_decoding_token_for_token(plain_bf16: LLM, expected, config: dict) -> None:
+    """Tree methods draft whole trees (no adaptive length); the engine cuts each to the nodes the
+    runner lays out tile-aligned. Alone and in a batch of three, the output is plain decoding's."""
+    with LLM(plain_bf16.model, {**config, "adaptive_draft_len": False}, tokenizer=plain_bf16.tokenizer) as llm:
+        alone = [llm.generate(p, sp, chat=True)[0] for p, sp in zip(PROMPTS, GREEDY)]
+        batched = llm.generate(PROMPTS, GREEDY, chat=True)
+    assert [o.token_ids for o in alone] == expected
+    assert [o.token_ids for o in batched] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
+
+
+@pytest.mark.parametrize("length", [100, 700])
+def test_every_node_of_a_draft_tree_has_its_chains_bits(plain_bf16: LLM, length: int) -> None:
+    """Random 24-node trees verified in one forward on the real model: every node's logits have
+    the bits of decoding its path one token at a time. Laid out flat, about one node in ten got
+    other bits here; tile-aligned (specdec.tree_layout), none."""
+    runner = plain_bf16.runner
+    rng = random.Random(length)
+    prompt = [rng.randrange(100, 40000) for _ in range(length)]
+
+    def prefilled():
+        cache = runner.new_batch_cache()
+        row = runner.new_cache()
+        runner.forward(row, prompt)
+        cache.append_rows(row)
+        return cache
+
+    differ, checked = [], 0
+    for _ in range(3):
+        parents: list[int] = []
+        for node in range(24):  # often a child of the node before: branches a few deep
+            parents.append(node - 1 if rng.random() < 0.4 else rng.choice([-1, *range(node)]))
+        proposal = runner.fit_tree(DraftProposal([rng.randrange(100, 40000) for _ in parents], parents=parents), length)
+        root = rng.randrange(100, 40000)
+        tree = runner.forward_rows(prefilled(), [[root, *proposal.token_ids]], parents=[[-1, *(p + 1 for p in proposal.parents)]])[0]
+        for leaf in set(range(len(proposal))) - set(proposal.parents):
+            chain = prefilled()
+            path = path_to(leaf, proposal.parents)
+            alone = [runner.forward(chain, [t]).logits[0] for t in [root, *(proposal.token_ids[n] for n in path)]]
+            checked += len(path)
+            differ += [n for n, logits in zip(path, alone[1:]) if not torch.equal(tree.logits[n + 1], logits)]
+    assert checked > 20
+    assert differ == []
 
 
 def test_seeded_speculation_is_plain_seeded_bf16_decoding(plain_bf16: LLM) -> None:

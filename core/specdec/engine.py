@@ -383,9 +383,10 @@ class Engine:
             if not batch:
                 return
         drafted = time.perf_counter()
+        starts = list(cache.lengths)
+        proposals = [runner.fit_tree(p, start) for p, start in zip(proposals, starts)]
         rows = [[r.token_ids[-1], *p.token_ids] for r, p in zip(batch, proposals)]
         trees = [None if p.parents is None else [-1, *(q + 1 for q in p.parents)] for p in proposals]
-        starts = list(cache.lengths)
         if any(t is not None for t in trees):
             outputs = runner.forward_rows(cache, rows, parents=trees)
         elif len(batch) == 1:
@@ -401,7 +402,8 @@ class Engine:
         for row, (proposal, result) in enumerate(zip(proposals, results)):
             if result is None:
                 continue
-            path = [starts[row] + 1 + i for i in result.path()]
+            slots = list(range(len(rows[row]))) if trees[row] is None else runner.tree_slots(trees[row], starts[row])
+            path = [starts[row] + slots[1 + i] for i in result.path()]
             if path != list(range(starts[row] + 1, starts[row] + 1 + len(path))):
                 cache.move_entries(row, path, starts[row] + 1)
         runner.rollback_rows(cache, [len(p) - (res.num_accepted if res else 0) for p, res in zip(proposals, results)])

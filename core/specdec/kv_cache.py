@@ -20,6 +20,8 @@ Capacity never doubles past the model's context (:meth:`BatchKVCache.capacity_fo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
@@ -105,6 +107,20 @@ def check_model_supported(model: PreTrainedModel) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ScatterPlan:
+    """A forward's writes as flat index tensors: token ``sources[i]`` of row ``rows[i]`` goes to
+    position ``slots[i]``, after the row ``copy_rows[i]``'s entry at ``copy_from[i]`` has been
+    copied to ``copy_to[i]``. Shared by every layer."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    sources: torch.Tensor
+    copy_rows: torch.Tensor
+    copy_from: torch.Tensor
+    copy_to: torch.Tensor
+
+
 class GrowableLayer(DynamicLayer):
     """One attention layer's keys and values, ``[rows, heads, capacity, head_dim]`` each.
 
@@ -128,7 +144,14 @@ class GrowableLayer(DynamicLayer):
         if self._key_buf is None or end > self._key_buf.shape[-2]:
             self._grow(key_states, value_states, self.cache.capacity_for(end, width))
         first = starts[0]
-        if all(s == first for s in starts):
+        plan = self.cache.scatter
+        if plan is not None:
+            if plan.copy_rows.numel():
+                self._key_buf[plan.copy_rows, :, plan.copy_to] = self._key_buf[plan.copy_rows, :, plan.copy_from]
+                self._value_buf[plan.copy_rows, :, plan.copy_to] = self._value_buf[plan.copy_rows, :, plan.copy_from]
+            self._key_buf[plan.rows, :, plan.slots] = key_states.transpose(1, 2)[plan.rows, plan.sources]
+            self._value_buf[plan.rows, :, plan.slots] = value_states.transpose(1, 2)[plan.rows, plan.sources]
+        elif all(s == first for s in starts):
             self._key_buf[..., first : first + width, :] = key_states
             self._value_buf[..., first : first + width, :] = value_states
         else:
@@ -230,6 +253,9 @@ class BatchKVCache(DynamicCache):
         #: longest row's end (the runner pads them to :func:`padded_key_length`, its mask hiding
         #: the extra ones); ``None``: up to that end.
         self.attend: int | None = None
+        #: Where the running forward writes its tokens, when its owner lays them out other than one
+        #: after another from each row's length (tile-aligned trees, :mod:`specdec.tree_layout`).
+        self.scatter: ScatterPlan | None = None
         #: The model's context; rows never hold more, but for a verify forward's last drafts.
         self.context_length = context_length(config)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -39,12 +40,16 @@ from transformers import DynamicCache, PreTrainedModel
 from specdec.attention import use_packed_attention
 from specdec.errors import ModelLoadError
 from specdec.kv_cache import (
-    BatchKVCache, attention_layer_types, check_model_supported, context_length, new_kv_cache, padded_key_length,
-    sliding_window,
+    BatchKVCache, ScatterPlan, attention_layer_types, check_model_supported, context_length, new_kv_cache,
+    padded_key_length, sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
 from specdec.static_cache import StaticKVCache
 from specdec.static_forward import StaticForward, resolve_execution, use_recordable_experts, width_buckets
+from specdec.tree_layout import TileLayout, tile_aligned_layout
+
+if TYPE_CHECKING:
+    from specdec.requests import DraftProposal
 
 log = logging.getLogger("specdec.runner")
 
@@ -104,6 +109,35 @@ class ModelRunner:
         self.sliding_window = sliding_window(model.config)
         self.mixed_attention = len(set(attention_layer_types(model.config))) > 1
         self._cache_keyword = cache_keyword(model)
+
+    @property
+    def aligned_trees(self) -> bool:
+        """Whether tree rows are laid out tile-aligned (:mod:`specdec.tree_layout`): on the eager
+        path in bfloat16 on a CPU with oneDNN's bfloat16 kernels, where chains are batch
+        invariant and this gives each tree node its chain's bits too."""
+        return self.device.type == "cpu" and self.prepacked_linears > 0 and not self.static
+
+    def fit_tree(self, proposal: DraftProposal, start: int) -> DraftProposal:
+        """``proposal`` cut to the leading nodes a verify forward from cache length ``start`` lays
+        out tile-aligned (all of them where trees are not aligned, and for chains)."""
+        if proposal.parents is None or not self.aligned_trees:
+            return proposal
+        return proposal.truncated(tile_aligned_layout((-1, *(p + 1 for p in proposal.parents)), start).size - 1)
+
+    def tree_slots(self, parents: list[int], start: int) -> list[int]:
+        """Where a verify forward from cache length ``start`` writes each token of a tree row
+        (``parents`` as :meth:`forward_rows` takes them, the root first), counted from
+        ``start``: the tokens' own slots."""
+        layout = self._tile_layout(parents, start, len(parents))
+        return list(range(len(parents))) if layout is None else list(layout.slots)
+
+    def _tile_layout(self, parents: list[int] | None, start: int, length: int) -> TileLayout | None:
+        """A tree row's tile-aligned layout, or ``None`` to write the row flat: a chain, trees
+        where they are not aligned, and a tree that was not cut to fit (:meth:`fit_tree`)."""
+        if parents is None or not self.aligned_trees:
+            return None
+        layout = tile_aligned_layout(tuple(parents), start)
+        return layout if layout.size >= length else None
 
     def new_cache(self, rows: int = 1) -> BatchKVCache:
         """An empty ordinary cache for ``rows`` requests (a prefill's; ``rows=0`` for a batch that
@@ -193,7 +227,9 @@ class ModelRunner:
         if attention_mask is not None and self.sliding_window is not None:
             start = cache.get_seq_length()
             positions = torch.arange(start, start + len(token_ids))[None] if position_ids is None else position_ids
-            attention_mask = self._layer_masks(attention_mask, positions, [start])
+            keys = torch.arange(attention_mask.shape[-1])[None].clone()
+            keys[0, start : start + len(token_ids)] = positions[0].cpu()
+            attention_mask = self._layer_masks(attention_mask, positions, keys)
         out = self.model(
             input_ids=input_ids,
             **{self._cache_keyword: cache},
@@ -236,31 +272,50 @@ class ModelRunner:
         width = max(len(r) for r in rows)
         starts = cache.lengths
         input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
-        kv_length = padded_key_length(max(starts) + width)
+        layouts = [self._tile_layout(parents[b] if parents is not None else None, start, len(rows[b])) for b, start in enumerate(starts)]
+        ends = [start + (width if layout is None else layout.span) for start, layout in zip(starts, layouts)]
+        kv_length = padded_key_length(max(ends))
         allowed = torch.arange(kv_length)[None, None, :] < torch.tensor(starts)[:, None, None]
         allowed = allowed.expand(len(rows), width, kv_length).clone()
+        keys = torch.arange(kv_length).repeat(len(rows), 1) if self.sliding_window is not None else None
         depths = []
-        for b, start in enumerate(starts):
+        for b, (start, layout) in enumerate(zip(starts, layouts)):
             row_parents = parents[b] if parents is not None else None
             visible, depth = _visibility(row_parents, width)
-            allowed[b, :, start : start + width] = visible
             depths.append([start + d for d in depth])
+            if layout is None:
+                allowed[b, :, start : start + width] = visible
+                if keys is not None:
+                    keys[b, start : start + width] = torch.tensor(depths[b])
+                continue
+            for j in range(width):  # padding past the tree's tokens sees the root alone
+                allowed[b, j, [start + s for s in (layout.visible[j] if j < layout.size else (0,))]] = True
+                if j < layout.size and layout.committed[j] is not None:
+                    allowed[b, j, start + layout.committed[j] : start] = False
+            if keys is not None:
+                for j, slot in layout.writes:
+                    keys[b, start + slot] = start + depth[j]
+                for source, slot in layout.copies:
+                    keys[b, start + slot] = start + source
         position_ids = torch.tensor(depths)
         mask = torch.zeros(allowed.shape, dtype=self.dtype)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         mask = mask.to(self.device)
         cache.attend = kv_length
+        if any(layout is not None for layout in layouts):
+            cache.scatter = _scatter_plan(starts, layouts, width, self.device)
         try:
             out = self.model(
                 input_ids=input_ids,
                 **{self._cache_keyword: cache},
                 use_cache=True,
                 position_ids=position_ids.to(self.device),
-                attention_mask=self._layer_masks(mask[:, None], position_ids, starts),
+                attention_mask=self._layer_masks(mask[:, None], position_ids, keys),
                 output_hidden_states=self.capture_hidden_states,
             )
         finally:
             cache.attend = None
+            cache.scatter = None
         cache.advance([len(r) for r in rows])
         logits = out.logits.float()
         outputs = []
@@ -310,16 +365,21 @@ class ModelRunner:
         return {"full_attention": mask, "sliding_attention": sliding} if self.mixed_attention else sliding
 
     def _layer_masks(
-        self, mask: torch.Tensor, position_ids: torch.Tensor, starts: list[int]
+        self, mask: torch.Tensor, position_ids: torch.Tensor, keys: torch.Tensor | None
     ) -> torch.Tensor | dict[str, torch.Tensor]:
         """The model's ``attention_mask`` argument for an additive ``mask`` ``[rows, 1, q, kv]``
-        over a forward writing row ``b``'s tokens, at ``position_ids[b]``, from cache index
-        ``starts[b]`` on: ``mask`` itself without sliding-window layers, else ``mask`` with the
-        keys outside each query's window hidden (alone, or with ``mask`` for full-attention layers).
+        over a forward of queries at ``position_ids`` ``[rows, q]`` and keys at positions ``keys``
+        ``[rows, kv]`` (``None`` without sliding-window layers): ``mask`` itself without
+        sliding-window layers, else ``mask`` with the keys outside each query's window hidden
+        (alone, or with ``mask`` for full-attention layers).
+
+        A sliding layer lets the query at position ``p`` see keys at positions ``p - window + 1``
+        to ``p`` (transformers' ``sliding_window_overlay``). A cached entry sits at its position;
+        a draft tree's tokens sit at their depths, wherever the forward writes them.
         """
         if self.sliding_window is None:
             return mask
-        outside = _outside_window(position_ids.cpu(), starts, mask.shape[-1], self.sliding_window)
+        outside = keys[:, None, :] <= position_ids.cpu()[:, :, None] - self.sliding_window
         sliding = mask.masked_fill(outside[:, None].to(mask.device), torch.finfo(mask.dtype).min)
         return {"full_attention": mask, "sliding_attention": sliding} if self.mixed_attention else sliding
 
@@ -339,18 +399,26 @@ class ModelRunner:
         return cache.get_seq_length()
 
 
-def _outside_window(position_ids: torch.Tensor, starts: list[int], kv_length: int, window: int) -> torch.Tensor:
-    """``[rows, q, kv]``: which keys lie outside each query's sliding window.
+def _scatter_plan(starts: list[int], layouts: list[TileLayout | None], width: int, device: torch.device) -> ScatterPlan:
+    """Where a forward writes each row's tokens: a chain's (``None``) ``width`` tokens one after
+    another from its start, a tiled tree's to every slot its layout gives them, after copying the
+    committed entries its further segments repeat."""
+    rows, slots, sources, copy_rows, copy_from, copy_to = [], [], [], [], [], []
+    for b, (start, layout) in enumerate(zip(starts, layouts)):
+        writes = [(j, j) for j in range(width)] if layout is None else layout.writes
+        for j, slot in writes:
+            rows.append(b)
+            slots.append(start + slot)
+            sources.append(j)
+        for source, slot in layout.copies if layout is not None else ():
+            copy_rows.append(b)
+            copy_from.append(start + source)
+            copy_to.append(start + slot)
 
-    A sliding layer lets the query at position ``p`` see keys at positions ``p - window + 1`` to
-    ``p`` (transformers' ``sliding_window_overlay``). A row's cached entries sit at their
-    positions; those a forward writes, from ``starts[b]`` on, at the positions of the tokens
-    written there, which in a draft tree follow the tokens' depths, not their indices.
-    """
-    keys = torch.arange(kv_length).repeat(len(starts), 1)
-    for b, start in enumerate(starts):
-        keys[b, start : start + position_ids.shape[1]] = position_ids[b]
-    return keys[:, None, :] <= position_ids[:, :, None] - window
+    def index(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return ScatterPlan(index(rows), index(slots), index(sources), index(copy_rows), index(copy_from), index(copy_to))
 
 
 def _visibility(parents: list[int] | None, width: int) -> tuple[torch.Tensor, list[int]]:
