@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from specdec.attention import PACKED_SDPA, grouped_query_attention, packed_gqa_attention
+from specdec.attention import PACKED_SDPA, grouped_query_attention, packed_gqa_attention, padded_query_width
 from specdec.runner import ModelRunner
 
 
@@ -130,3 +130,18 @@ def test_runner_forwards_match_transformers_sdpa(tiny):
 
     for step in (batch_1, batched):
         torch.testing.assert_close(step(), with_sdpa(step), atol=1e-5, rtol=1e-5)
+
+
+def test_query_widths_never_leave_a_block_smaller_than_plain_decodings() -> None:
+    """With 3 query heads per key/value head, plain decoding's block holds 3 folded rows; an
+    11-token forward (33 rows) would end in a block of one, so it gets a 12th, padding token."""
+    assert padded_query_width(11, 3) == 12
+    assert padded_query_width(22, 3) == 23  # 66 rows: a block of 2
+    assert [padded_query_width(w, 3) for w in (1, 9, 10, 12, 21, 64)] == [1, 9, 10, 12, 21, 64]
+    assert padded_query_width(107, 3) == 108  # 321 rows in blocks of 64: one left over
+    assert all(padded_query_width(w, 1) == w for w in range(1, 100))
+    for groups in (2, 3, 4, 7):
+        for width in range(1, 300):
+            rows = groups * padded_query_width(width, groups)
+            split = 256 if rows >= 768 else 64 if rows >= 192 else 32
+            assert not 0 < rows % split < groups

@@ -111,3 +111,27 @@ def test_seeded_speculation_is_plain_seeded_bf16_decoding(plain_bf16: LLM) -> No
     with LLM(plain_bf16.model, config, tokenizer=plain_bf16.tokenizer) as llm:
         assert llm.generate(PROMPTS[0], seeded, chat=True)[0].token_ids == want
         assert llm.generate(PROMPTS, [seeded, *GREEDY[1:]], chat=True)[0].token_ids == want
+
+
+def test_a_verify_forward_of_any_width_gives_each_token_its_plain_bits(plain_bf16: LLM) -> None:
+    """Chains of 1 to 40 tokens in one forward at cache length 100: every token's logits are the
+    bits of decoding it alone. Without padded_query_width, 11 tokens (33 folded query rows, the
+    last alone in its block) gave the last token other bits."""
+    runner = plain_bf16.runner
+    prompt = [(7 * i) % 40000 + 100 for i in range(100)]
+    tokens = [(13 * i) % 30000 + 200 for i in range(40)]
+
+    def prefilled():
+        cache = runner.new_batch_cache()
+        row = runner.new_cache()
+        runner.forward(row, prompt)
+        cache.append_rows(row)
+        return cache
+
+    cache = prefilled()
+    alone = torch.stack([runner.forward(cache, [t]).logits[0] for t in tokens])
+    differ = []
+    for width in range(1, 41):
+        logits = runner.forward_rows(prefilled(), [tokens[:width]])[0].logits
+        differ += [(width, j) for j in range(width) if not torch.equal(logits[j], alone[j])]
+    assert differ == []

@@ -68,6 +68,21 @@ def packed_gqa_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
+def padded_query_width(width: int, groups: int) -> int:
+    """``width`` query tokens per row, plus padding where PyTorch's CPU flash attention would run
+    the last block of a forward's folded queries (``groups * width`` rows per key/value head, in
+    blocks of 32; of 64 from 192 rows, of 256 from 768) with fewer rows than plain decoding's
+    ``groups``: so small a block takes another multiply path, and in bfloat16 a token's logits
+    then came out with other bits than plain decoding's (SmolLM2, 3 groups: an 11-token verify
+    forward, whose 33 rows end in a block of one)."""
+    while True:
+        rows = groups * width
+        split = 256 if rows >= 768 else 64 if rows >= 192 else 32
+        if not 0 < rows % split < groups:
+            return width
+        width += 1
+
+
 def grouped_query_attention(
     query: torch.Tensor,
     key: torch.Tensor,
