@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from specdec.kv_cache import KEY_BLOCK
+from specdec.trees import node_depths, path_to
 
 __all__ = ["KEY_SPLIT", "TileLayout", "tile_aligned_layout"]
 
@@ -72,9 +73,7 @@ def tile_aligned_layout(parents: tuple[int, ...], start: int) -> TileLayout:
 def _layout(parents: tuple[int, ...], start: int) -> TileLayout:
     tail = start % KEY_BLOCK
     tile = start // KEY_BLOCK
-    depth = [0] * len(parents)
-    for j in range(1, len(parents)):
-        depth[j] = depth[parents[j]] + 1
+    depth = [d - 1 for d in node_depths(parents)]  # the root (parents[0] == -1) at depth 0
     per_segment = -(-(tail + max(depth) + 1) // KEY_BLOCK)
 
     def base(segment: int) -> int:
@@ -100,7 +99,7 @@ def _layout(parents: tuple[int, ...], start: int) -> TileLayout:
                 break
             tips.append(j)
             copies += [(i - tail, base(segment) + i) for i in range(tail)]
-            writes += [(u, base(segment) + tail + depth[u]) for u in _path(parent, parents)]
+            writes += [(u, base(segment) + tail + depth[u]) for u in path_to(parent, parents)]
         tips[segment] = j
         segment_of.append(segment)
         writes.append((j, base(segment) + tail + depth[j]))
@@ -108,7 +107,7 @@ def _layout(parents: tuple[int, ...], start: int) -> TileLayout:
     visible = []
     for j in range(size):
         segment = segment_of[j]
-        own = [base(segment) + tail + depth[u] for u in _path(j, parents)]
+        own = [base(segment) + tail + depth[u] for u in path_to(j, parents)]
         copied = [base(segment) + i for i in range(tail)] if segment else []
         visible.append(tuple(copied + own))
     writes.sort(key=lambda w: (w[0], w[1] != slots[w[0]]))
@@ -121,11 +120,3 @@ def _layout(parents: tuple[int, ...], start: int) -> TileLayout:
         visible=tuple(visible),
     )
 
-
-def _path(token: int, parents: tuple[int, ...]) -> list[int]:
-    """The row's tokens from the root down to ``token``."""
-    path = []
-    while token >= 0:
-        path.append(token)
-        token = parents[token]
-    return path[::-1]
