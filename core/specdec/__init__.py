@@ -27,6 +27,7 @@ from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import HiddenStateResources, LastStateResources, ResourceManager, TargetContext
 from specdec.runner import ModelRunner, cache_keyword
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
+from specdec.setup_time import SetupClock, catch_up
 from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from specdec.suffix import SuffixCache
 from specdec.trees import DraftTree, TreeCandidates, node_depths, parents_of_paths, path_to
@@ -60,6 +61,7 @@ __all__ = [
     "RequestOutput",
     "ResourceManager",
     "SamplingParams",
+    "SetupClock",
     "SpecdecError",
     "SpeculativeConfig",
     "StructuredOutputsParams",
@@ -72,6 +74,7 @@ __all__ = [
     "VerifyRows",
     "cache_dir",
     "cache_keyword",
+    "catch_up",
     "default_model_dir",
     "draft_ranking",
     "draft_vocabulary",

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdec.setup_time import SetupClock
+
 if TYPE_CHECKING:
     from specdec.requests import Request, VerifyResult
     from specdec.runner import ModelRunner
@@ -50,6 +52,8 @@ class ResourceManager:
 
     def __init__(self) -> None:
         self.released = False
+        #: Times the setup a drafting call does (:meth:`setup_seconds`, :func:`~specdec.setup_time.catch_up`).
+        self.setup_clock = SetupClock()
 
     def add_request(self, request: Request) -> None:
         """Set up per-request state."""
@@ -70,8 +74,9 @@ class ResourceManager:
         around each drafting call and keeps it out of the per-token drafting cost its adaptive
         policy weighs, charging a resume's setup to the decision to resume instead
         (:class:`~specdec.draft_policy.ResumeCost`); the time still counts in the request's metrics.
+        Time it with :attr:`setup_clock`.
         """
-        return 0.0
+        return self.setup_clock.seconds
 
 
 class HiddenStateResources(ResourceManager):

@@ -38,19 +38,18 @@ between, including steps the engine ran without drafting and a drafting call tha
 
 The prefill waits for the first step that drafts: a request the engine's policy never drafts for
 (in a large batch where drafting does not pay) never costs the draft a forward. The prefill's
-and the catch-up's time is reported apart (``sync_seconds``), so the engine does not mistake it
+and the catch-up's time is timed apart (``setup_clock``), so the engine does not mistake it
 for the per-token cost of drafting.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec import BatchKVCache, DraftProposal, ModelRunner, Request, pick_drafts, trim_output_layer
+from specdec import BatchKVCache, DraftProposal, ModelRunner, Request, SetupClock, pick_drafts, trim_output_layer
 
 
 @dataclass
@@ -88,9 +87,9 @@ class DraftModel:
         self.cache = self.runner.new_batch_cache()
         #: Request ids of the cache's rows, in row order.
         self.rows: list[int] = []
-        #: Seconds spent so far bringing rows up to date: prefilling a request's row, and feeding
-        #: it the tokens emitted while drafting was paused for it.
-        self.sync_seconds = 0.0
+        #: Times bringing rows up to date: prefilling a request's row, and feeding it the tokens
+        #: emitted while drafting was paused for it.
+        self.setup_clock = SetupClock()
         #: Requests added and not yet freed.
         self._live: set[int] = set()
 
@@ -133,9 +132,8 @@ class DraftModel:
         # accepted drafts and the target's token.
         steady = 1 if self.mask_token is None else rounds + 1
         if max(len(new) for new in feed) > steady:
-            start = time.perf_counter()
-            self.runner.forward_rows(self.cache, [new[:-steady] for new in feed])
-            self.sync_seconds += time.perf_counter() - start
+            with self.setup_clock.timing():
+                self.runner.forward_rows(self.cache, [new[:-steady] for new in feed])
         for state, new in zip(states, feed):
             state.tokens.extend(new)
             state.committed = len(state.tokens)
@@ -248,13 +246,12 @@ class DraftModel:
     def _prefill(self, request: Request, state: DraftState) -> BatchKVCache:
         """A row holding the request's tokens but the last, forwarded alone (a batched forward
         would pad every other row to this one's length); the step's first forward feeds the last."""
-        start = time.perf_counter()
-        cache = self.runner.new_cache()
-        prefix = request.token_ids[:-1]
-        if prefix:
-            self.runner.forward(cache, prefix, last_only=True)
+        with self.setup_clock.timing():
+            cache = self.runner.new_cache()
+            prefix = request.token_ids[:-1]
+            if prefix:
+                self.runner.forward(cache, prefix, last_only=True)
         state.tokens, state.committed = list(prefix), len(prefix)
-        self.sync_seconds += time.perf_counter() - start
         return cache
 
     def _drop_unrecorded(self, states: list[DraftState]) -> None:

@@ -63,6 +63,7 @@ class DraftTargetResources(ResourceManager):
     def __init__(self, drafter: DraftModel) -> None:
         super().__init__()
         self.drafter: DraftModel | None = drafter
+        self.setup_clock = drafter.setup_clock
         # A PARD draft proposes a step's tokens in one forward, whatever their number.
         self.draft_cost_per_token = drafter.mask_token is None
 
@@ -72,9 +73,6 @@ class DraftTargetResources(ResourceManager):
     def free_request(self, request: Request) -> None:
         request.method_state = None
         self.drafter.free(request)
-
-    def setup_seconds(self) -> float:
-        return self.drafter.sync_seconds if self.drafter is not None else 0.0
 
     def release(self) -> None:
         self.drafter.release()

@@ -87,11 +87,11 @@ def test_rows_behind_catch_up_apart_and_draft_as_if_never_paused(tiny, small_dra
         request.method_state = drafter.add(request)
         request.max_draft_len = 3
     drafter.propose(requests)
-    prefilled = drafter.sync_seconds
+    prefilled = drafter.setup_clock.seconds
     requests[0].token_ids += tiny.encode(" the mat, the cat")[:6]
     requests[1].token_ids.append(tiny.encode("x")[0])
     got = [p.token_ids for p in drafter.propose(requests)]
-    assert drafter.sync_seconds > prefilled
+    assert drafter.setup_clock.seconds > prefilled
     assert got == [greedy(reference, r.token_ids, 3) for r in requests]
 
 

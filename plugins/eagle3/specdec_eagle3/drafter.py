@@ -27,7 +27,6 @@ chains only.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +43,7 @@ from specdec import (
     TargetContext,
     TreeCandidates,
     VerifyResult,
+    catch_up,
     draft_ranking,
     drafter_checkpoint,
     kept_rows,
@@ -119,8 +119,6 @@ class Eagle3Resources(HiddenStateResources):
                 raise ConfigError(f"eagle_topk: {config.eagle_topk} exceeds draft_vocab_size {len(rows)}")
         self.vocab_size = target.vocab_size
         self.device = target.device
-        #: Seconds spent so far catching up requests further behind than a steady step leaves them.
-        self._setup_seconds = 0.0
 
     def features(self, hidden_states: tuple[torch.Tensor, ...], rows: int | None = None) -> torch.Tensor:
         """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""
@@ -128,11 +126,6 @@ class Eagle3Resources(HiddenStateResources):
 
     def add_request(self, request: Request) -> None:
         request.method_state = HeadState(pending=[self.features(request.target_output.hidden_states)])
-
-    def setup_seconds(self) -> float:
-        """Time spent taking in a new request's prompt, or the pairs of steps drafting was paused
-        for: the engine's policy charges it to resuming, not to each drafted token."""
-        return self._setup_seconds
 
     def release(self) -> None:
         self.head = self.embed = self.draft_ids = None
@@ -237,9 +230,8 @@ class Eagle3Resources(HiddenStateResources):
         forward over its pairs succeeded.
 
         Requests a step or two behind (a steady drafting step leaves at most ``max_draft_len + 1``
-        pairs) catch up in one forward. One further behind (just added, or drafting was paused
-        for it) catches up alone: padding every other row to its length would multiply the work.
-        That time is setup, not drafting (:meth:`setup_seconds`).
+        pairs) catch up in one forward; one further behind (just added, or drafting was paused
+        for it) catches up alone, timed as setup (:func:`specdec.catch_up`).
         """
         states: list[HeadState] = [r.method_state for r in requests]
         counts = []
@@ -251,20 +243,15 @@ class Eagle3Resources(HiddenStateResources):
                 )
             state.cache.crop(start)
             counts.append(count)
-        steady = self.config.max_draft_len + 1
-        for b, count in enumerate(counts):
-            if count > steady:
-                start = time.perf_counter()
-                self._forward_pending([requests[b]], [count])
-                self._setup_seconds += time.perf_counter() - start
-        together = [b for b, count in enumerate(counts) if 0 < count <= steady]
-        if together:
-            self._forward_pending([requests[b] for b in together], [counts[b] for b in together])
+        catch_up(counts, self.config.max_draft_len + 1,
+                 lambda rows: self._forward_pending([requests[b] for b in rows], [counts[b] for b in rows]),
+                 self.setup_clock)
         return torch.cat([state.last for state in states])
 
-    def _forward_pending(self, requests: list[Request], counts: list[int]) -> None:
+    def _forward_pending(self, requests: list[Request], counts: list[int]) -> list[torch.Tensor]:
         """One head forward over the pending pairs of ``requests`` (``counts[b]`` of them, each at
-        least one), padded to the most; each request's cache takes its own."""
+        least one), padded to the most; each request's cache takes its own. Returns each request's
+        output at its last pair."""
         states: list[HeadState] = [r.method_state for r in requests]
         width = max(counts)
         features = torch.zeros(len(requests), width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
@@ -282,6 +269,7 @@ class Eagle3Resources(HiddenStateResources):
             for layer, (keys, values) in zip(self._layer_caches(state.cache), batch.appended(b, count)):
                 layer.append(keys, values)
             state.pending, state.cached, state.last = [], state.cached + count, out[b : b + 1, count - 1 : count].clone()
+        return [state.last for state in states]
 
     def _layer_caches(self, cache: HeadCache) -> list[RequestKV]:
         return [cache.layer(i) for i in range(self.head.config.num_layers)]

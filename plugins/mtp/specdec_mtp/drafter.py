@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from specdec import (
     Request,
     TargetContext,
     VerifyResult,
+    catch_up,
     draft_vocabulary,
     drafter_checkpoint,
     is_default_model,
@@ -138,8 +138,6 @@ class MTPResources(HiddenStateResources):
         self.target_embed = target.model.get_input_embeddings()
         self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device
-        #: Seconds spent so far on depths' catch-ups longer than a steady step's (:meth:`setup_seconds`).
-        self._setup_seconds = 0.0
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
         self.thinking: tuple[int, int] | None = None
         if not config.lossless:
@@ -160,11 +158,6 @@ class MTPResources(HiddenStateResources):
         depths = [Depth() for _ in range(self.config.max_draft_len)]
         thinking = ThinkingSpan(*self.thinking) if self.thinking else None
         request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]], thinking=thinking)
-
-    def setup_seconds(self) -> float:
-        """Time spent taking in a new request's prompt, or the positions of steps drafting was
-        paused for: the engine's policy charges it to resuming, not to each drafted token."""
-        return self._setup_seconds
 
     def release(self) -> None:
         self.layers = self.target_embed = self.rotary = None
@@ -201,20 +194,11 @@ class MTPResources(HiddenStateResources):
     def _depth(self, k: int, chains: list[_Chain]) -> list[tuple[int, torch.Tensor]]:
         """Depth ``k`` over each chain's uncached positions up to the last known token's; returns
         each chain's first position and outputs there. Chains a step or two behind run in one
-        forward; one further behind (just added, or drafting was paused for it) runs alone, its time
-        counted as setup (:meth:`setup_seconds`): padding every other row to its length would
-        multiply the work."""
+        forward; one further behind (just added, or drafting was paused for it) runs alone, timed as
+        setup (:func:`specdec.catch_up`)."""
         steady = self.config.max_draft_len + k  # a steady step leaves depth k this far behind at most
-        runs: dict[int, tuple[int, torch.Tensor]] = {}
-        for i, chain in enumerate(chains):
-            if chain.behind(k) > steady:
-                began = time.perf_counter()
-                runs[i] = self._forward(k, [chain])[0]
-                self._setup_seconds += time.perf_counter() - began
-        together = [i for i in range(len(chains)) if i not in runs]
-        if together:
-            runs.update(zip(together, self._forward(k, [chains[i] for i in together])))
-        return [runs[i] for i in range(len(chains))]
+        return catch_up([chain.behind(k) for chain in chains], steady,
+                        lambda rows: self._forward(k, [chains[i] for i in rows]), self.setup_clock)
 
     def _forward(self, k: int, chains: list[_Chain]) -> list[tuple[int, torch.Tensor]]:
         """One forward of depth ``k`` over the chains' positions, padded to the most; each depth's
