@@ -159,3 +159,19 @@ def test_every_node_of_a_tree_has_its_chains_bits(window: int | None, lengths: t
                 alone = [runner.forward(chain, [token]).logits[0] for token in [root, *(proposal.token_ids[n] for n in path)]]
                 differ += [(len(prompt), n) for n, logits in zip(path, alone[1:]) if not torch.equal(tree.logits[n + 1], logits)]
     assert differ == []
+
+
+@needs_prepacked_linears
+def test_a_short_tree_on_the_longest_row_beside_a_wide_chain(model: torch.nn.Module) -> None:
+    """A batch whose longest request verifies a tree taking few slots (here a single chain of two
+    drafts) while a shorter one verifies a wide chain: the forward's keys end where its rows' writes
+    do, not at the longest row's start plus the widest row (which crossed a key block here and
+    failed with mismatched sizes), and each row gets its bits alone."""
+    runner = ModelRunner(model)
+    assert runner.aligned_trees
+    prompts = [PROMPTS[0][:19] + TOKENS[0][:40], PROMPTS[1][:10]]  # 59 and 10 tokens
+    rows = [TOKENS[1][:3], TOKENS[2][:9]]
+    together = runner.forward_rows(_prefilled(runner, prompts), rows, parents=[[-1, 0, 1], None])
+    for prompt, row, out in zip(prompts, rows, together):
+        alone = runner.forward(_prefilled(runner, [prompt]), row)
+        assert torch.equal(out.logits, alone.logits)

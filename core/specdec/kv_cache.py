@@ -140,7 +140,9 @@ class GrowableLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         starts = self.cache.lengths
         width = key_states.shape[-2]
-        end = max(max(starts) + width, self.cache.attend or 0)
+        # A forward that sets the key length writes within it (a tree row's slots may end before
+        # its start plus the forward's width).
+        end = self.cache.attend if self.cache.attend is not None else max(starts) + width
         if self._key_buf is None or end > self._key_buf.shape[-2]:
             self._grow(key_states, value_states, self.cache.capacity_for(end, width))
         first = starts[0]
@@ -249,9 +251,9 @@ class BatchKVCache(DynamicCache):
         super().__init__(config=config)
         self.layers = [GrowableLayer(self) for _ in self.layers]
         self.lengths = [0] * rows
-        #: The positions the running forward's attention reads, when its owner sets more than the
-        #: longest row's end (the runner pads them to :func:`padded_key_length`, its mask hiding
-        #: the extra ones); ``None``: up to that end.
+        #: The positions the running forward's attention reads, when its owner sets them (the
+        #: runner pads them to :func:`padded_key_length`, its mask hiding the extra ones, and
+        #: every write of the forward lies within them); ``None``: up to the longest row's end.
         self.attend: int | None = None
         #: Where the running forward writes its tokens, when its owner lays them out other than one
         #: after another from each row's length (tile-aligned trees, :mod:`specdec.tree_layout`).
