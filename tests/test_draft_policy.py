@@ -610,6 +610,32 @@ def test_a_sampled_drafts_own_length_never_decides_its_cut(tiny):
         assert cut(SamplingParams(temperature=0.0), q) == 0
 
 
+def test_trees_are_cut_by_what_the_batch_really_offered(tiny):
+    """Trees are budgeted before drafting, as if every row will offer its budget. A suffix tree
+    or a lookahead pool often offers less, or nothing: here one row of four offers a 2-node tree
+    the others have no drafts for, and the wider forward every row pays for (1.4 plain forwards
+    for 3 tokens a row) is not worth its expected gain, so the trees are dropped; when all four
+    offer theirs, they are verified. A batch mixing trees and chains keeps what it was offered."""
+    with LLM(tiny.model, {"method": "ngram", "num_speculative_tokens": 4}, tokenizer=tiny.tokenizer) as llm:
+        policy = llm.engine.policy
+        cost = ForwardCost([1.0, 1.2, 1.4, 1.5, 1.6], base_seconds=1.0)
+        half = trees(*[(2, {0, 1}), (2, set())] * 8)
+        requests = []
+        for _ in range(4):
+            request = llm.engine.new_request([1, 2, 3], SamplingParams(temperature=0.0))
+            request.acceptance, request.max_draft_len = half, 4
+            requests.append(request)
+        plan = StepBudget([4] * 4, rows=4, cost=cost)
+        tree = DraftProposal([5, 6], parents=[-1, 0])
+
+        def kept(proposals: list[DraftProposal]) -> list[int]:
+            return [len(p) for p in policy.drafted(plan, requests, proposals, 0.0, 0.0)]
+
+        assert kept([tree, DraftProposal(), DraftProposal(), DraftProposal()]) == [0, 0, 0, 0]
+        assert kept([tree] * 4) == [2] * 4
+        assert kept([tree, DraftProposal([5, 6]), DraftProposal(), DraftProposal()]) == [2, 2, 0, 0]
+
+
 def test_forward_costs_time_every_narrow_width_and_a_geometric_few_beyond() -> None:
     """Widths up to 8 are all timed, then each at least a quarter wider than the last, then the
     widest; the widths between are linear between their measured neighbours."""

@@ -192,14 +192,17 @@ class DraftBudget:
             self.draft_time[rows].record(per_token)
         else:
             self.draft_time[rows] = DraftTime(per_token)
-        if plan.cost is None or any(p.parents is not None for p in proposals):
-            # A tree was sized to its budget before drafting, by its nodes' acceptance; cutting
-            # it by chain estimates would lose the branches that make it worth drafting.
+        kinds = {p.parents is not None for p in proposals if len(p)}
+        if plan.cost is None or len(kinds) > 1:
+            # A batch of trees and chains (EAGLE-3's sampled rows draft chains) keeps what it was
+            # budgeted: neither estimate prices both.
             return proposals
-        # The offered lengths are known now (an n-gram often offers fewer than its budget).
+        # The offered lengths are known now: an n-gram, a suffix tree or a lookahead pool often
+        # offers fewer drafts than its budget, or none, and a row offering none gains nothing from
+        # the wider forward it pays for. Trees are cut by their nodes' acceptance, to leading nodes.
         keep = plan.cost.best_length(
             [r.acceptance for r in batch], [_offered(r, p) for r, p in zip(batch, proposals)],
-            remaining=plan.remaining_of(batch),
+            tree=kinds == {True}, remaining=plan.remaining_of(batch),
         )
         return [p.truncated(keep) for p in proposals]
 
