@@ -10,6 +10,7 @@ from specdec.draft_budget import StepBudget
 from specdec.draft_policy import (
     PRIOR_ACCEPTANCE,
     PRIOR_WEIGHT,
+    STEP_TIME_STALE,
     AcceptanceEstimate,
     ContextCost,
     DraftTime,
@@ -507,8 +508,9 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
 
 def test_step_times_correct_the_warmup_costs_by_draft_count():
     """Steps that take longer than the warm-up said scale that width's cost by the median of its
-    recent ratios, the warm-up counting as two ratios of 1: one disturbed step changes nothing,
-    two agreeing ones do, and each draft count's first step (one-time setup) is left out. A draft
+    recent ratios, a count starting from two of the ratio the counts run so far give it (1, the
+    warm-up's, at first): one disturbed step changes nothing, two agreeing ones do, and each draft
+    count's first step (one-time setup) is left out. A draft
     count not yet run is interpolated between measured ones (plain steps' overhead reaches every
     width), so measured wide steps make every draft length dearer."""
     warmup = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.1], base_seconds=0.010)
@@ -525,7 +527,7 @@ def test_step_times_correct_the_warmup_costs_by_draft_count():
     assert times.correct(warmup).base_seconds == pytest.approx(0.012)
     for _ in range(3):
         times.record(4, 0.036, 0.011)  # a 4-draft step really costs 3x the warm-up's figure
-    assert times.ratio(4) == pytest.approx((1.0 + 36 / 11) / 2)
+    assert times.ratio(4) == pytest.approx((1.2 + 36 / 11) / 2)  # started from plain steps' 1.2
     for _ in range(10):
         times.record(4, 0.036, 0.011)
     assert times.ratio(4) == pytest.approx(36 / 11)  # the warm-up has left the window
@@ -537,6 +539,25 @@ def test_step_times_correct_the_warmup_costs_by_draft_count():
     # Near-full acceptance: 4 drafts give about 4.6 tokens for 3 units, 3 give 3.75 for 2.3.
     assert corrected.relative[3] == pytest.approx(0.010 * (1.2 + 3 * (36 / 11 - 1.2) / 4) / 0.012)
     assert corrected.best_length([sure], [4]) == 3
+
+
+def test_stale_plain_ratios_do_not_make_drafting_look_cheap():
+    """The machine slows down by a quarter while the engine runs plain steps, then speeds up again
+    while it drafts 2 tokens a step for many steps. Weighing the drafting steps' fresh ratios
+    against the plain steps' old, slow ones would make a 2-draft step look cheaper than it is, and the
+    policy would go on drafting without ever renewing them. Once plain steps have not run for
+    STEP_TIME_STALE steps, they cost what the warm-up measured again."""
+    warmup = ForwardCost([1.0, 1.2, 1.6], base_seconds=0.010)
+    times = StepTime()
+    times.record(0, 1.0, 0.010)  # setup, left out
+    for _ in range(9):
+        times.record(0, 0.0125, 0.010)  # a slow moment: plain steps take 1.25 times the warm-up's
+    times.record(2, 1.0, 0.014)  # setup, left out
+    for _ in range(STEP_TIME_STALE - 1):
+        times.record(2, 0.016, 0.016)  # fast again: 2-draft steps take what the warm-up said
+    assert times.correct(warmup).relative[2] == pytest.approx(0.016 / 0.0125)  # drafting looks cheap
+    times.record(2, 0.016, 0.016)
+    assert times.correct(warmup).relative == pytest.approx(warmup.relative)
 
 
 def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):

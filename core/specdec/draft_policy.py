@@ -67,6 +67,8 @@ DEFAULT_WINDOW = 16
 DRAFT_TIME_WEIGHT = 0.2
 #: Verify steps per draft count whose time ratios :class:`StepTime` takes the median of.
 STEP_TIME_WINDOW = 9
+#: Steps after which plain steps' ratios, not renewed since, no longer speak for them.
+STEP_TIME_STALE = 2 * STEP_TIME_WINDOW
 #: Resumes (and the drafting runs they started) per batch size that :class:`ResumeCost` averages.
 RESUME_WINDOW = 8
 
@@ -160,16 +162,30 @@ class StepTime:
     hook is divided by the warm-up's prediction for its width and context, and the median of the
     last ``STEP_TIME_WINDOW`` such ratios per draft count scales the warm-up costs the policy
     decides with (:meth:`correct`). Each draft count's first step pays one-time setup and is left
-    out. The warm-up counts as two observations of ratio 1, so one disturbed step moves nothing
-    while two agreeing steps do, and a few steps replace it. A draft count not yet run is
-    interpolated between the nearest ones that have (plain steps run all the time), and takes
+    out. A draft count starts from two observations of the ratio the other counts give it (1,
+    the warm-up's, before any has run), so one disturbed step moves nothing while two agreeing
+    steps do, and a few steps replace it. A draft count without ratios is interpolated between
+    the nearest ones that have (plain steps, the warm-up's 1 while they have none), and takes
     the widest one's ratio beyond it: the overhead a step adds grows with its width, so once a
     wide step has proved dear the narrower ones are not each probed in turn.
+
+    The machine's speed drifts, by up to 2x within seconds on a shared 2-core host, and every
+    step's ratio with it. Ratios compare draft counts fairly only when measured at about the same
+    time: a batch that drafted for many steps would otherwise weigh its drafting steps' fresh
+    ratios against plain steps' ratios from a slow moment long ago, find drafting cheap, keep
+    drafting and never renew them (Medusa at batch 8 went on drafting 2-node trees costing 1.3
+    plain steps for 1.27 tokens). So plain steps' ratios are dropped once ``STEP_TIME_STALE``
+    steps have passed without one, and plain steps cost what the warm-up measured again until
+    they renew them. (A drafting count's stale ratios stay: if they are dear, the policy does
+    not draft at that count, and a probe renews them; forgetting them would probe a count known
+    to lose again and again.)
     """
 
     def __init__(self) -> None:
         #: By draft count, the latest ratios of measured to predicted seconds.
         self.ratios: dict[int, deque[float]] = {}
+        #: Steps recorded so far, and the last plain one.
+        self._steps = self._plain_step = 0
         #: Draft counts whose first step has run (and was not recorded).
         self._seen: set[int] = set()
 
@@ -179,10 +195,18 @@ class StepTime:
         The first step of each draft count is left out: it runs the verify and accept code at
         that shape for the first time (the warm-up ran only forwards), which can cost many steps.
         """
+        self._steps += 1
+        if self._steps - self._plain_step > STEP_TIME_STALE:
+            self.ratios.pop(0, None)
         if drafts not in self._seen:
             self._seen.add(drafts)
         elif predicted > 0:
-            self.ratios.setdefault(drafts, deque([1.0, 1.0], maxlen=STEP_TIME_WINDOW)).append(seconds / predicted)
+            if drafts not in self.ratios:
+                start = self.ratio(drafts)
+                self.ratios[drafts] = deque([start, start], maxlen=STEP_TIME_WINDOW)
+            self.ratios[drafts].append(seconds / predicted)
+            if drafts == 0:
+                self._plain_step = self._steps
 
     def ratio(self, drafts: int) -> float:
         """Measured over predicted seconds for a step of ``drafts`` tokens per request."""
@@ -197,6 +221,7 @@ class StepTime:
         return ForwardCost.from_seconds([t * _interpolate(medians, n) for n, t in enumerate(cost.seconds)])
 
     def _medians(self) -> dict[int, float]:
+        """Each count's median ratio; plain steps' (0) is the warm-up's (1) while they have none."""
         return {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
 
 
