@@ -37,9 +37,9 @@ between, including steps the engine ran without drafting and a drafting call tha
 (rows are first cut back to the tokens their state records).
 
 The prefill waits for the first step that drafts: a request the engine's policy never drafts for
-(in a large batch where drafting does not pay) never costs the draft a forward. The prefill's
-and the catch-up's time is timed apart (``setup_clock``), so the engine does not mistake it
-for the per-token cost of drafting.
+(in a large batch where drafting does not pay) never costs the draft a forward. The prefill
+and the catch-up are timed apart, on ``setup_clock``, so the engine does not mistake them for
+the per-token cost of drafting.
 """
 
 from __future__ import annotations
