@@ -38,7 +38,8 @@ BASELINES = {"none", "hf", "hf-static", "eager"}
 @click.option("--baseline", default="none", show_default=True, help="Comma list: none (plain decoding, always run), hf (transformers' peer), hf-static (transformers' plain "
               "decoding with a static cache, compiled on CUDA), eager (plain decoding with no captured forwards).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding.")
+              help="Requests decoded together; above 1 the bench compares batched throughput with plain batched decoding. "
+                   "A batch holds one category's prompts: give --num-prompts at least this.")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Rounds per turn (or batch), each running every mode once: more rounds average out machine noise.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
