@@ -17,10 +17,10 @@ import pytest
 import torch
 import transformers
 
-from specdec.kv_cache import KEY_BLOCK, BatchKVCache, padded_key_length
+from specdec.kv_cache import KEY_BLOCK, padded_key_length
 from specdec.requests import DraftProposal
 from specdec.runner import ModelRunner
-from specdec.testing import needs_prepacked_linears
+from specdec.testing import needs_prepacked_linears, prefilled_batch
 from specdec.testing.tiny import make_tiny_target
 from specdec.trees import path_to
 
@@ -38,11 +38,7 @@ def model() -> torch.nn.Module:
 def _decode(runner: ModelRunner, requests: list[int], widths: list[list[int]]) -> list[torch.Tensor]:
     """Prefill each of ``requests`` (indices into PROMPTS) alone, then forward their TOKENS
     together, ``widths[step][b]`` tokens of request ``b`` per forward; each request's logits."""
-    cache = runner.new_batch_cache()
-    for r in requests:
-        row = runner.new_cache()
-        runner.forward(row, PROMPTS[r])
-        cache.append_rows(row)
+    cache = prefilled_batch(runner, [PROMPTS[r] for r in requests])
     done = [0] * len(requests)
     logits: list[list[torch.Tensor]] = [[] for _ in requests]
     for step in widths:
@@ -99,15 +95,6 @@ def _random_tree(rng: random.Random, nodes: int) -> list[int]:
     return parents
 
 
-def _prefilled(runner: ModelRunner, prompts: list[list[int]]) -> BatchKVCache:
-    cache = runner.new_batch_cache()
-    for prompt in prompts:
-        row = runner.new_cache()
-        runner.forward(row, prompt)
-        cache.append_rows(row)
-    return cache
-
-
 #: Trees per request.
 TREES = 3
 
@@ -148,13 +135,13 @@ def test_every_node_of_a_tree_has_its_chains_bits(window: int | None, lengths: t
         assert any(p.parents != list(range(-1, len(p) - 1)) for p in proposals)  # not just chains
         assert 490 not in lengths or len(proposals[lengths.index(490)]) < 24  # near the block's end: cut
         trees = runner.forward_rows(
-            _prefilled(runner, prompts),
+            prefilled_batch(runner, prompts),
             [[root, *p.token_ids] for root, p in zip(roots, proposals)],
             parents=[[-1, *(q + 1 for q in p.parents)] for p in proposals],
         )
         for prompt, root, proposal, tree in zip(prompts, roots, proposals, trees):
             for leaf in set(range(len(proposal))) - set(proposal.parents):
-                chain = _prefilled(runner, [prompt])
+                chain = prefilled_batch(runner, [prompt])
                 path = path_to(leaf, proposal.parents)
                 alone = [runner.forward(chain, [token]).logits[0] for token in [root, *(proposal.token_ids[n] for n in path)]]
                 differ += [(len(prompt), n) for n, logits in zip(path, alone[1:]) if not torch.equal(tree.logits[n + 1], logits)]
@@ -171,7 +158,7 @@ def test_a_short_tree_on_the_longest_row_beside_a_wide_chain(model: torch.nn.Mod
     assert runner.aligned_trees
     prompts = [PROMPTS[0][:19] + TOKENS[0][:40], PROMPTS[1][:10]]  # 59 and 10 tokens
     rows = [TOKENS[1][:3], TOKENS[2][:9]]
-    together = runner.forward_rows(_prefilled(runner, prompts), rows, parents=[[-1, 0, 1], None])
+    together = runner.forward_rows(prefilled_batch(runner, prompts), rows, parents=[[-1, 0, 1], None])
     for prompt, row, out in zip(prompts, rows, together):
-        alone = runner.forward(_prefilled(runner, [prompt]), row)
+        alone = runner.forward(prefilled_batch(runner, [prompt]), row)
         assert torch.equal(out.logits, alone.logits)

@@ -14,7 +14,7 @@ import torch
 from specdec import LLM, SamplingParams
 from specdec.bench.dataset import load_questions
 from specdec.requests import DraftProposal
-from specdec.testing import needs_prepacked_linears
+from specdec.testing import needs_prepacked_linears, prefilled_batch
 from specdec.testing.real_model import plain_bf16  # noqa: F401 (a fixture)
 from specdec.trees import path_to
 
@@ -70,15 +70,6 @@ def test_greedy_tree_speculation_is_plain_bf16_decoding_token_for_token(plain_bf
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
 
 
-def _prefilled(runner, prompt: list[int]):
-    """A batch cache of one row holding ``prompt``, prefilled alone."""
-    cache = runner.new_batch_cache()
-    row = runner.new_cache()
-    runner.forward(row, prompt)
-    cache.append_rows(row)
-    return cache
-
-
 @pytest.mark.parametrize("length", [100, 700])
 def test_every_node_of_a_draft_tree_has_its_chains_bits(plain_bf16: LLM, length: int) -> None:
     """Random 24-node trees verified in one forward on the real model: every node's logits have
@@ -95,9 +86,9 @@ def test_every_node_of_a_draft_tree_has_its_chains_bits(plain_bf16: LLM, length:
             parents.append(node - 1 if rng.random() < 0.4 else rng.choice([-1, *range(node)]))
         proposal = runner.fit_tree(DraftProposal([rng.randrange(100, 40000) for _ in parents], parents=parents), length)
         root = rng.randrange(100, 40000)
-        tree = runner.forward_rows(_prefilled(runner, prompt), [[root, *proposal.token_ids]], parents=[[-1, *(p + 1 for p in proposal.parents)]])[0]
+        tree = runner.forward_rows(prefilled_batch(runner, [prompt]), [[root, *proposal.token_ids]], parents=[[-1, *(p + 1 for p in proposal.parents)]])[0]
         for leaf in set(range(len(proposal))) - set(proposal.parents):
-            chain = _prefilled(runner, prompt)
+            chain = prefilled_batch(runner, [prompt])
             path = path_to(leaf, proposal.parents)
             alone = [runner.forward(chain, [t]).logits[0] for t in [root, *(proposal.token_ids[n] for n in path)]]
             checked += len(path)
@@ -123,10 +114,10 @@ def test_a_verify_forward_of_any_width_gives_each_token_its_plain_bits(plain_bf1
     prompt = [(7 * i) % 40000 + 100 for i in range(100)]
     tokens = [(13 * i) % 30000 + 200 for i in range(40)]
 
-    cache = _prefilled(runner, prompt)
+    cache = prefilled_batch(runner, [prompt])
     alone = torch.stack([runner.forward(cache, [t]).logits[0] for t in tokens])
     differ = []
     for width in range(1, 41):
-        logits = runner.forward_rows(_prefilled(runner, prompt), [tokens[:width]])[0].logits
+        logits = runner.forward_rows(prefilled_batch(runner, [prompt]), [tokens[:width]])[0].logits
         differ += [(width, j) for j in range(width) if not torch.equal(logits[j], alone[j])]
     assert differ == []

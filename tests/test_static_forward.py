@@ -17,7 +17,7 @@ from specdec.errors import ConfigError
 from specdec.runner import ModelRunner
 from specdec.static_cache import StaticKVCache
 from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, use_recordable_experts, width_buckets
-from specdec.testing import TinyTarget
+from specdec.testing import TinyTarget, prefilled_batch
 from specdec.testing.architectures import make_tiny_model
 
 
@@ -131,14 +131,9 @@ def test_hidden_states_come_back_for_every_layer(tiny):
     runner = ModelRunner(tiny.model, capture_hidden_states=True, execution="static")
     runner.prepare(max_rows=1, max_width=4)
     prompt = list(range(3, 15))
-    caches = []
-    for r, cache in ((eager, eager.new_batch_cache()), (runner, runner.new_batch_cache())):
-        row = r.new_cache()
-        r.forward(row, prompt)
-        cache.append_rows(row)
-        caches.append(r.forward(cache, [7, 8, 9]))
-    assert len(caches[0].hidden_states) == len(caches[1].hidden_states)
-    for a, b in zip(caches[0].hidden_states, caches[1].hidden_states):
+    outputs = [r.forward(prefilled_batch(r, [prompt]), [7, 8, 9]) for r in (eager, runner)]
+    assert len(outputs[0].hidden_states) == len(outputs[1].hidden_states)
+    for a, b in zip(outputs[0].hidden_states, outputs[1].hidden_states):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
