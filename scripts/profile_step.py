@@ -41,7 +41,7 @@ def profile(model: torch.nn.Module, execution: str, max_model_len: int, context:
     if static is not None:
         result["pack_inputs_ms"] = median_ms(lambda: static._host_inputs([[5]], None, 1, 1), lambda: None)
         key_length = bucket_for(context + 1, static.key_lengths)
-        bucket = static._buckets.get((1, 1, key_length, runner.capture_hidden_states))
+        bucket = static._buckets.get((1, 1, key_length, runner.hidden_layers))
         if bucket is not None and bucket.graph is not None:
             result["replay_ms"] = median_ms(bucket.graph.replay, sync)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -560,6 +560,30 @@ def test_stale_plain_ratios_do_not_make_drafting_look_cheap():
     assert times.correct(warmup).relative == pytest.approx(warmup.relative)
 
 
+def test_stale_cheap_drafting_ratios_do_not_undercut_fresh_plain_ones():
+    """The mirror case: 10-draft steps ran while the machine was fast, then the engine ran plain
+    steps for long while it slowed down by 70% (Medusa on translation). The 10-draft steps' old
+    ratios would make them look no dearer than a plain step now, and the policy would verify 10
+    drafts for a few hundredths of a token. Once stale, they count at least plain steps' fresh
+    ratio; a stale dear ratio stays as it is (so a count known to lose is not probed again)."""
+    warmup = ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.45], base_seconds=0.040)
+    times = StepTime()
+    times.record(10, 1.0, 0.058)  # setup, left out
+    for _ in range(5):
+        times.record(10, 0.058, 0.058)  # fast: what the warm-up said
+    times.record(3, 1.0, 0.052)  # setup, left out
+    for _ in range(5):
+        times.record(3, 0.13, 0.052)  # dear: 2.5 times what the warm-up said
+    times.record(0, 1.0, 0.040)  # setup, left out
+    for _ in range(STEP_TIME_STALE - 7):  # 18 steps since the last 10-draft one
+        times.record(0, 0.068, 0.040)  # slow now: plain steps take 1.7 times the warm-up's
+    assert times.correct(warmup).relative[10] == pytest.approx(1.0)  # still fresh: no dearer than plain
+    times.record(0, 0.068, 0.040)
+    corrected = times.correct(warmup)
+    assert corrected.relative[10] == pytest.approx(1.45)
+    assert corrected.relative[3] == pytest.approx(1.3 * 2.5 / 1.7)
+
+
 def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):
     """A drafter that always drafts the right tokens, against a target whose forwards wider than
     one token take 20 plain steps more once warm-up is done (a machine that got busy, or a

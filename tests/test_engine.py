@@ -8,7 +8,7 @@ from specdec_ngram import NGramDecodingConfig
 
 from specdec import LLM, ConfigError, DraftProposal, PluginError, SamplingParams, UserProvidedDecodingConfig
 from specdec.runner import ModelRunner
-from specdec.testing import make_tiny_target, tiny_tokenizer
+from specdec.testing import make_tiny_target, prefilled_batch, tiny_tokenizer
 
 PROMPT_TEXTS = ("hello world, hello", "abc abd abe ab", "one two three, one two")
 
@@ -264,20 +264,22 @@ def test_prompt_token_ids(tiny, plain):
 
 
 def test_runner_captures_hidden_states(tiny):
-    """``capture_hidden_states=True`` returns num_layers + 1 hidden states, each ``[n, hidden]``,
+    """Asked for every layer, the runner returns num_layers + 1 hidden states, each ``[n, hidden]``,
     equal to the model's own; the last is the final normed state (lm_head of it gives the
     logits); a cached decode step returns the new positions' states only."""
     model = tiny.model
-    runner = ModelRunner(model, capture_hidden_states=True)
+    num_layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
+    runner = ModelRunner(model, hidden_layers=range(num_layers + 1))
     ids = tiny.encode("hello world")
     cache = runner.new_cache()
     out = runner.forward(cache, ids[:-3])
     step = runner.forward(cache, ids[-3:])
     with torch.inference_mode():
         ref = model(torch.tensor([ids], device=model.device), output_hidden_states=True)
-    num_layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
-    assert len(out.hidden_states) == len(step.hidden_states) == num_layers + 1 == len(ref.hidden_states)
-    for i, h in enumerate(out.hidden_states):
+    assert out.hidden_states.count == step.hidden_states.count == num_layers + 1 == len(ref.hidden_states)
+    assert out.hidden_states.kept == tuple(range(num_layers + 1))
+    for i in range(num_layers + 1):
+        h = out.hidden_states[i]
         assert h.shape == (len(ids) - 3, hidden)
         assert step.hidden_states[i].shape == (3, hidden)
         assert torch.allclose(h, ref.hidden_states[i][0, :-3], atol=1e-5)
@@ -286,6 +288,25 @@ def test_runner_captures_hidden_states(tiny):
         assert torch.allclose(model.lm_head(out.hidden_states[-1]), out.logits, atol=1e-4)
     assert out.logits.shape == (len(ids) - 3, model.config.vocab_size) and out.logits.dtype == torch.float32
     assert ModelRunner(model).forward(ModelRunner(model).new_cache(), ids).hidden_states is None
+
+
+def test_runner_keeps_only_the_hidden_states_asked_for(tiny):
+    """A method reading the final state (``-1``) and layer 1 gets those two, in batches too, and a
+    clear error naming what was kept for any other layer; an index past the model's is refused."""
+    model = tiny.model
+    runner = ModelRunner(model, hidden_layers=(-1, 1))
+    count = model.config.num_hidden_layers + 1
+    assert runner.hidden_layers == (1, count - 1)
+    rows = runner.forward_rows(prefilled_batch(runner, [tiny.encode("hello"), tiny.encode("a longer prompt")]), [[5, 6], [7]])
+    full = ModelRunner(model, hidden_layers=range(count)).forward(runner.new_cache(), tiny.encode("a longer prompt") + [7])
+    last = rows[1].hidden_states
+    assert last.kept == (1, count - 1) and last[-1].shape == last[count - 1].shape == (1, model.config.hidden_size)
+    torch.testing.assert_close(last[-1], full.hidden_states[-1][-1:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(last[1], full.hidden_states[1][-1:], atol=1e-4, rtol=1e-4)
+    with pytest.raises(KeyError, match=r"hidden state 0 was not kept \(kept: \[1, %d\]\)" % (count - 1)):
+        last[0]
+    with pytest.raises(ValueError, match="hidden_layers"):
+        runner.hidden_layers = (count,)
 
 
 def test_runner_rollback_then_forward_matches_fresh_forward(tiny):

@@ -125,16 +125,21 @@ def test_shapes_past_the_buckets_run_the_same_forward_unpadded(tiny, device):
         torch.testing.assert_close(a.logits, b.logits, atol=1e-5, rtol=1e-5)
 
 
-def test_hidden_states_come_back_for_every_layer(tiny):
-    """Hidden-state methods (EAGLE-3, Medusa, MTP) get the same features from the static path."""
-    eager = ModelRunner(tiny.model, capture_hidden_states=True)
-    runner = ModelRunner(tiny.model, capture_hidden_states=True, execution="static")
+def test_hidden_states_come_back_for_the_layers_asked(tiny):
+    """Hidden-state methods (EAGLE-3, Medusa, MTP) get the same features from the static path, and
+    it keeps only the layers asked for."""
+    layers = (0, -1)
+    eager = ModelRunner(tiny.model, hidden_layers=layers)
+    runner = ModelRunner(tiny.model, hidden_layers=layers, execution="static")
     runner.prepare(max_rows=1, max_width=4)
     prompt = list(range(3, 15))
     outputs = [r.forward(prefilled_batch(r, [prompt]), [7, 8, 9]) for r in (eager, runner)]
-    assert len(outputs[0].hidden_states) == len(outputs[1].hidden_states)
-    for a, b in zip(outputs[0].hidden_states, outputs[1].hidden_states):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    count = tiny.model.config.num_hidden_layers + 1
+    assert outputs[0].hidden_states.kept == outputs[1].hidden_states.kept == (0, count - 1)
+    assert outputs[1].hidden_states.count == count
+    for i in layers:
+        assert outputs[1].hidden_states[i].shape == (3, tiny.model.config.hidden_size)
+        torch.testing.assert_close(outputs[0].hidden_states[i], outputs[1].hidden_states[i], atol=1e-5, rtol=1e-5)
 
 
 def test_the_static_cache_refuses_what_it_cannot_hold(tiny):

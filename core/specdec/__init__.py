@@ -14,6 +14,7 @@ from specdec.draft_vocab import (DraftVocabularyConfig, draft_ranking, draft_voc
                                  trim_output_layer, trimmed_projection)
 from specdec.errors import (ConfigError, ModelLoadError, PluginError, QueueFullError, RequestFailedError, SpecdecError,
                             UnknownMethodError)
+from specdec.hidden_states import HiddenStates
 from specdec.hookspecs import hookimpl
 from specdec.kv_cache import BatchKVCache, RaggedDraftBatch, RequestKV
 from specdec.llm import LLM, RequestOutput
@@ -43,6 +44,7 @@ __all__ = [
     "DraftingConfig",
     "GuidedDecodingParams",
     "HiddenStateResources",
+    "HiddenStates",
     "LLM",
     "LastStateResources",
     "LogitsProcessor",

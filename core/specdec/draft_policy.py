@@ -176,16 +176,20 @@ class StepTime:
     drafting and never renew them (Medusa at batch 8 went on drafting 2-node trees costing 1.3
     plain steps for 1.27 tokens). So plain steps' ratios are dropped once ``STEP_TIME_STALE``
     steps have passed without one, and plain steps cost what the warm-up measured again until
-    they renew them. (A drafting count's stale ratios stay: if they are dear, the policy does
-    not draft at that count, and a probe renews them; forgetting them would probe a count known
-    to lose again and again.)
+    they renew them. A drafting count's stale ratios stay, but never below plain steps' fresh
+    ones: if they are dear, the policy does not draft at that count, and forgetting them would
+    probe a count known to lose again and again; if they are cheap, they may be a fast moment
+    long gone (Medusa on translation, drafting almost nothing right, went on verifying 10-node
+    trees at 1.3 plain steps each because their ratios were measured while the machine ran fast
+    and plain steps' were fresh and slow), and a verify step does all a plain step does and more.
     """
 
     def __init__(self) -> None:
         #: By draft count, the latest ratios of measured to predicted seconds.
         self.ratios: dict[int, deque[float]] = {}
-        #: Steps recorded so far, and the last plain one.
-        self._steps = self._plain_step = 0
+        #: Steps recorded so far, and by draft count the last one recorded.
+        self._steps = 0
+        self._last: dict[int, int] = {}
         #: Draft counts whose first step has run (and was not recorded).
         self._seen: set[int] = set()
 
@@ -196,7 +200,7 @@ class StepTime:
         that shape for the first time (the warm-up ran only forwards), which can cost many steps.
         """
         self._steps += 1
-        if self._steps - self._plain_step > STEP_TIME_STALE:
+        if self._stale(0):
             self.ratios.pop(0, None)
         if drafts not in self._seen:
             self._seen.add(drafts)
@@ -205,8 +209,7 @@ class StepTime:
                 start = self.ratio(drafts)
                 self.ratios[drafts] = deque([start, start], maxlen=STEP_TIME_WINDOW)
             self.ratios[drafts].append(seconds / predicted)
-            if drafts == 0:
-                self._plain_step = self._steps
+            self._last[drafts] = self._steps
 
     def ratio(self, drafts: int) -> float:
         """Measured over predicted seconds for a step of ``drafts`` tokens per request."""
@@ -220,9 +223,15 @@ class StepTime:
         medians = self._medians()
         return ForwardCost.from_seconds([t * _interpolate(medians, n) for n, t in enumerate(cost.seconds)])
 
+    def _stale(self, drafts: int) -> bool:
+        """Whether ``drafts``' ratios were last renewed more than ``STEP_TIME_STALE`` steps ago."""
+        return self._steps - self._last.get(drafts, 0) > STEP_TIME_STALE
+
     def _medians(self) -> dict[int, float]:
-        """Each count's median ratio; plain steps' (0) is the warm-up's (1) while they have none."""
-        return {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
+        """Each count's median ratio; plain steps' (0) is the warm-up's (1) while they have none,
+        and a drafting count's stale ratio is no less than it."""
+        medians = {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}
+        return {n: max(m, medians[0]) if n and self._stale(n) else m for n, m in medians.items()}
 
 
 def _interpolate(points: dict[int, float], x: int) -> float:

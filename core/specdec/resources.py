@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,13 +82,16 @@ class ResourceManager:
 
 class HiddenStateResources(ResourceManager):
     """Resources of a method that drafts from the target's hidden states (EAGLE-3, Medusa, MTP):
-    the runner captures them (``request.target_output.hidden_states``) from construction until
-    ``release``, and a request's ``method_state`` is dropped when it finishes."""
+    the runner keeps the hidden states ``layers`` (indices into ``hidden_states``, ``-1`` the final
+    normed state; :class:`~specdec.hidden_states.HiddenStates`) of every forward, in
+    ``request.target_output.hidden_states``, from construction until ``release``, and a request's
+    ``method_state`` is dropped when it finishes. Only the states listed are kept: the captured
+    forwards copy each one out per step."""
 
-    def __init__(self, target: TargetContext) -> None:
+    def __init__(self, target: TargetContext, layers: Sequence[int] = (-1,)) -> None:
         super().__init__()
         self.runner: ModelRunner | None = target.runner
-        self.runner.capture_hidden_states = True
+        self.runner.hidden_layers = layers
 
     def free_request(self, request: Request) -> None:
         request.method_state = None
@@ -104,7 +108,7 @@ class HiddenStateResources(ResourceManager):
         return hidden[1 + path[-1] if path else 0]
 
     def release(self) -> None:
-        self.runner.capture_hidden_states = False
+        self.runner.hidden_layers = ()
         self.runner = None
         super().release()
 

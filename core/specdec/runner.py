@@ -8,9 +8,10 @@ whose requests have different cache lengths and append different numbers of toke
 
 Two extension points for the draft-head methods:
 
-- ``capture_hidden_states=True`` returns the hidden states of every layer from the same forward
-  (``hidden_states[i]`` enters decoder layer ``i``; the last entry is the final normed state), so
-  EAGLE-3, Medusa and MTP get their features from the verify pass with no extra forward.
+- ``hidden_layers`` names the hidden states each forward returns beside its logits
+  (:class:`~specdec.hidden_states.HiddenStates`: ``hidden_states[i]`` enters decoder layer ``i``;
+  ``[-1]`` is the final normed state), so EAGLE-3, Medusa and MTP get their features from the
+  verify pass with no extra forward, and only the layers they read are kept.
 - ``position_ids`` and a 4-D ``attention_mask`` pass through to the model, so a draft tree is
   verified in one forward: tokens are laid out flat, each at ``cache_len + depth``, and each
   attends to the cache and to its own ancestors only.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specdec.attention import padded_query_width, use_packed_attention
 from specdec.errors import ModelLoadError
+from specdec.hidden_states import HiddenStates
 from specdec.kv_cache import (
     BatchKVCache, ScatterPlan, attention_layer_types, check_model_supported, context_length, new_kv_cache,
     padded_key_length, sliding_window,
@@ -57,7 +60,7 @@ log = logging.getLogger("specdec.runner")
 @dataclass
 class RunnerOutput:
     logits: torch.Tensor
-    hidden_states: tuple[torch.Tensor, ...] | None = None
+    hidden_states: HiddenStates | None = None
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -83,7 +86,7 @@ class ModelRunner:
     def __init__(
         self,
         model: PreTrainedModel,
-        capture_hidden_states: bool = False,
+        hidden_layers: Sequence[int] = (),
         execution: str = "eager",
         max_model_len: int | None = None,
     ) -> None:
@@ -92,7 +95,9 @@ class ModelRunner:
         use_packed_attention(model)
         #: How many of the model's linear layers multiply by prepacked weights.
         self.prepacked_linears = prepack_linears(model)
-        self.capture_hidden_states = capture_hidden_states
+        #: How many hidden states the model's forward has: one per decoder layer and the final one.
+        self.hidden_state_count = int(model.config.get_text_config().num_hidden_layers) + 1
+        self.hidden_layers = hidden_layers
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -111,6 +116,20 @@ class ModelRunner:
         self._cache_keyword = cache_keyword(model)
         heads = getattr(model.config, "num_attention_heads", 1) or 1
         self._query_groups = max(heads // (getattr(model.config, "num_key_value_heads", None) or heads), 1)
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """The hidden states every forward returns (:class:`~specdec.hidden_states.HiddenStates`),
+        ascending in ``0 .. hidden_state_count - 1``; empty: none. Set it from any indices (negative
+        ones count from the end)."""
+        return self._hidden_layers
+
+    @hidden_layers.setter
+    def hidden_layers(self, layers: Sequence[int]) -> None:
+        count = self.hidden_state_count
+        if any(not -count <= i < count for i in layers):
+            raise ValueError(f"hidden_layers: {list(layers)} must lie in -{count}..{count - 1} ({count - 1} decoder layers and the final state)")
+        self._hidden_layers = tuple(sorted({i % count for i in layers}))
 
     @property
     def aligned_trees(self) -> bool:
@@ -166,7 +185,7 @@ class ModelRunner:
         try:
             if self._static.captures:
                 use_recordable_experts(self.model, self.dtype)
-            self._static.capture_all(self.capture_hidden_states, show_progress)
+            self._static.capture_all(self.hidden_layers, show_progress)
         except Exception as exc:
             if not self._chosen_by_default:
                 raise ModelLoadError(f"execution: capturing {self.execution} forwards failed: {type(exc).__name__}: {exc}") from exc
@@ -238,12 +257,12 @@ class ModelRunner:
             use_cache=True,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            output_hidden_states=self.capture_hidden_states,
+            output_hidden_states=bool(self.hidden_layers),
             logits_to_keep=1 if last_only else 0,
         )
         if isinstance(cache, BatchKVCache):
             cache.advance([len(token_ids)])
-        hidden = tuple(h[0] for h in out.hidden_states) if self.capture_hidden_states else None
+        hidden = self._kept(out.hidden_states).map(lambda h: h[0]) if self.hidden_layers else None
         return RunnerOutput(out.logits[0].float(), hidden)
 
     @torch.inference_mode()
@@ -315,37 +334,35 @@ class ModelRunner:
                 use_cache=True,
                 position_ids=position_ids.to(self.device),
                 attention_mask=self._layer_masks(mask[:, None], position_ids, keys),
-                output_hidden_states=self.capture_hidden_states,
+                output_hidden_states=bool(self.hidden_layers),
             )
         finally:
             cache.attend = None
             cache.scatter = None
         cache.advance([len(r) for r in rows])
         logits = out.logits.float()
-        outputs = []
-        for b, r in enumerate(rows):
-            hidden = tuple(h[b, : len(r)] for h in out.hidden_states) if self.capture_hidden_states else None
-            outputs.append(RunnerOutput(logits[b, : len(r)], hidden))
-        return outputs
+        return _row_outputs(rows, logits, self._kept(out.hidden_states) if self.hidden_layers else None)
 
     def _forward_rows_static(
         self, cache: StaticKVCache, rows: list[list[int]], parents: list[list[int] | None] | None
     ) -> list[RunnerOutput]:
         if self._static is None or cache is not self._static.cache:
             raise ValueError("a static KV cache runs forwards only on the runner that made it (new_batch_cache)")
-        logits, hidden = self._static.run(rows, parents, self.capture_hidden_states)
+        logits, hidden = self._static.run(rows, parents, self.hidden_layers)
         cache.advance([len(r) for r in rows])
-        return [
-            RunnerOutput(logits[b, : len(r)], tuple(h[b, : len(r)] for h in hidden) if hidden is not None else None)
-            for b, r in enumerate(rows)
-        ]
+        kept = HiddenStates(dict(zip(self.hidden_layers, hidden)), self.hidden_state_count) if hidden is not None else None
+        return _row_outputs(rows, logits, kept)
+
+    def _kept(self, states: tuple[torch.Tensor, ...]) -> HiddenStates:
+        """The entries :attr:`hidden_layers` of a model output's ``hidden_states``."""
+        return HiddenStates({i: states[i] for i in self.hidden_layers}, len(states))
 
     def _forward_static(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | dict[str, torch.Tensor],
-        hidden_states: bool,
+        hidden_layers: tuple[int, ...],
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """The model call of the static path (:class:`~specdec.static_forward.StaticForward`)."""
         out = self.model(
@@ -354,9 +371,9 @@ class ModelRunner:
             use_cache=True,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            output_hidden_states=hidden_states,
+            output_hidden_states=bool(hidden_layers),
         )
-        return out.logits.float(), (tuple(out.hidden_states) if hidden_states else None)
+        return out.logits.float(), (tuple(out.hidden_states[i] for i in hidden_layers) if hidden_layers else None)
 
     def _static_layer_masks(
         self, mask: torch.Tensor, position_ids: torch.Tensor, key_positions: torch.Tensor
@@ -401,6 +418,14 @@ class ModelRunner:
     @staticmethod
     def cache_length(cache: DynamicCache) -> int:
         return cache.get_seq_length()
+
+
+def _row_outputs(rows: list[list[int]], logits: torch.Tensor, hidden: HiddenStates | None) -> list[RunnerOutput]:
+    """Each row's outputs from a batched forward's, without the padding past the row's tokens."""
+    return [
+        RunnerOutput(logits[b, : len(r)], hidden.map(lambda h, b=b, n=len(r): h[b, :n]) if hidden is not None else None)
+        for b, r in enumerate(rows)
+    ]
 
 
 def _scatter_plan(starts: list[int], layouts: list[TileLayout | None], width: int, device: torch.device) -> ScatterPlan:

@@ -126,7 +126,8 @@ class _Bucket:
     width: int
     #: Key positions attended over (:func:`key_length_buckets`).
     key_length: int
-    hidden_states: bool
+    #: The hidden states the forward returns (:attr:`ModelRunner.hidden_layers`).
+    hidden_layers: tuple[int, ...]
     packed: torch.Tensor
     graph: torch.cuda.CUDAGraph | None = None
     outputs: tuple[torch.Tensor, tuple[torch.Tensor, ...] | None] | None = None
@@ -143,8 +144,8 @@ class StaticForward:
     """Runs the runner's batched forward over a :class:`StaticKVCache` with bucketed fixed shapes.
 
     :param forward_model: calls the model over the cache (``input_ids``, ``position_ids``,
-        ``attention_mask``, whether to return hidden states) and returns float logits
-        ``[rows, width, vocab]`` and the hidden states (or ``None``).
+        ``attention_mask``, the indices of the hidden states to return) and returns float logits
+        ``[rows, width, vocab]`` and those hidden states, in that order (``None`` for none).
     :param layer_masks: turns the additive mask, positions and the key positions into the
         model's ``attention_mask`` argument (one per layer type for sliding-window models).
     """
@@ -170,7 +171,7 @@ class StaticForward:
         self.batch_sizes = batch_buckets(cache.max_rows)
         self.widths = width_buckets(max_width)
         self.key_lengths = key_length_buckets(cache.capacity)
-        self._buckets: dict[tuple[int, int, int, bool], _Bucket] = {}
+        self._buckets: dict[tuple[int, int, int, tuple[int, ...]], _Bucket] = {}
         self._pool = None
         #: Device memory the recorded graphs took beside the KV cache (CUDA; 0 elsewhere).
         self.capture_bytes = 0
@@ -184,7 +185,7 @@ class StaticForward:
         """Whether shapes inside the buckets are recorded (CUDA graphs, or compiled)."""
         return self.mode in ("cuda_graph", "compile")
 
-    def capture_all(self, hidden_states: bool, show_progress: bool = True) -> None:
+    def capture_all(self, hidden_layers: tuple[int, ...], show_progress: bool = True) -> None:
         """Record every bucket now (start-up) rather than at its first use; :attr:`memory` says
         what it took."""
         if not self.captures:
@@ -196,7 +197,7 @@ class StaticForward:
         with Progress(*columns, console=log_console(stderr=True), disable=not show_progress, transient=True) as progress:
             task = progress.add_task("capture", total=len(shapes))
             for rows, width, key_length in shapes:
-                self._prepared(rows, width, key_length, hidden_states)
+                self._prepared(rows, width, key_length, hidden_layers)
                 progress.advance(task)
         if self.device.type == "cuda":
             self.capture_bytes = torch.cuda.memory_allocated(self.device) - before - self.cache_bytes()
@@ -216,11 +217,10 @@ class StaticForward:
         return {"kv_cache_bytes": self.cache_bytes(), "capture_bytes": self.capture_bytes}
 
     def run(
-        self, rows: list[list[int]], parents: list[list[int] | None] | None, hidden_states: bool
+        self, rows: list[list[int]], parents: list[list[int] | None] | None, hidden_layers: tuple[int, ...]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Write ``rows[b]`` at the cache's ``lengths[b]`` onward; logits ``[len(rows), width, vocab]``
-        and, with ``hidden_states``, every layer's hidden states (padded to the widest row), owned
-        by the caller."""
+        and the hidden states ``hidden_layers`` (padded to the widest row), owned by the caller."""
         n, width = len(rows), max(len(r) for r in rows)
         self.cache.check_room(n, width)
         bucket_rows, bucket_width = bucket_for(n, self.batch_sizes), bucket_for(width, self.widths)
@@ -229,29 +229,29 @@ class StaticForward:
         key_length = bucket_for(max(self.cache.lengths[:n], default=0) + width, self.key_lengths)
         if bucket_rows is None or bucket_width is None:
             inputs = self._host_inputs(rows, parents, n, width).to(self.device)
-            return self._static_forward(*_Bucket(n, width, key_length, hidden_states, inputs).inputs, hidden_states, key_length)
-        bucket = self._prepared(bucket_rows, bucket_width, key_length, hidden_states)
+            return self._static_forward(*_Bucket(n, width, key_length, hidden_layers, inputs).inputs, hidden_layers, key_length)
+        bucket = self._prepared(bucket_rows, bucket_width, key_length, hidden_layers)
         bucket.packed.copy_(self._host_inputs(rows, parents, bucket_rows, bucket_width), non_blocking=True)
         if bucket.graph is not None:
             bucket.graph.replay()
             logits, hidden = bucket.outputs
         else:
-            logits, hidden = self._run(*bucket.inputs, hidden_states, key_length)
+            logits, hidden = self._run(*bucket.inputs, hidden_layers, key_length)
         # A replay overwrites its outputs: hand out copies of the rows that are real.
         logits = logits[:n, :width].clone()
         hidden = tuple(h[:n, :width].clone() for h in hidden) if hidden is not None else None
         return logits, hidden
 
-    def _prepared(self, rows: int, width: int, key_length: int, hidden_states: bool) -> _Bucket:
-        bucket = self._buckets.get((rows, width, key_length, hidden_states))
+    def _prepared(self, rows: int, width: int, key_length: int, hidden_layers: tuple[int, ...]) -> _Bucket:
+        bucket = self._buckets.get((rows, width, key_length, hidden_layers))
         if bucket is None:
             packed = self._host_inputs([], None, rows, width).to(self.device)
-            bucket = self._buckets[(rows, width, key_length, hidden_states)] = _Bucket(rows, width, key_length, hidden_states, packed)
+            bucket = self._buckets[(rows, width, key_length, hidden_layers)] = _Bucket(rows, width, key_length, hidden_layers, packed)
             if self.mode == "compile":
                 # An eager run first allocates the cache's buffers: compiled before, the
                 # graph would guard on their absence and recompile once they exist.
-                self._static_forward(*bucket.inputs, hidden_states, key_length)
-                self._run(*bucket.inputs, hidden_states, key_length)  # compiles this shape
+                self._static_forward(*bucket.inputs, hidden_layers, key_length)
+                self._run(*bucket.inputs, hidden_layers, key_length)  # compiles this shape
             if self.mode == "cuda_graph" or (self.mode == "compile" and self.device.type == "cuda"):
                 self._capture(bucket)
         return bucket
@@ -264,7 +264,7 @@ class StaticForward:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run(*bucket.inputs, bucket.hidden_states, bucket.key_length)
+                self._run(*bucket.inputs, bucket.hidden_layers, bucket.key_length)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         # No garbage collection while recording (torch collects just before): a collection could
@@ -275,7 +275,7 @@ class StaticForward:
         gc.disable()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                bucket.outputs = self._run(*bucket.inputs, bucket.hidden_states, bucket.key_length)
+                bucket.outputs = self._run(*bucket.inputs, bucket.hidden_layers, bucket.key_length)
         finally:
             if collecting:
                 gc.enable()
@@ -302,8 +302,8 @@ class StaticForward:
         return torch.cat([ids.flatten(), positions.flatten(), starts, visible.flatten()])
 
     def _static_forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, visible: torch.Tensor, hidden_states: bool,
-        key_length: int,
+        self, input_ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, visible: torch.Tensor,
+        hidden_layers: tuple[int, ...], key_length: int,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """The forward from fixed inputs alone (what a graph records): the mask over the first
         ``key_length`` positions of the cache, the write positions, the model."""
@@ -318,4 +318,4 @@ class StaticForward:
         mask = torch.zeros((rows, 1, width, key_length), dtype=self.dtype, device=input_ids.device)
         mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)
         key_positions = keys.expand(rows, key_length).scatter(1, self.cache.write_positions, positions)
-        return self._forward_model(input_ids, positions, self._layer_masks(mask, positions, key_positions), hidden_states)
+        return self._forward_model(input_ids, positions, self._layer_masks(mask, positions, key_positions), hidden_layers)

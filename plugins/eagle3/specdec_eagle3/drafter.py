@@ -37,6 +37,7 @@ from specdec import (
     ConfigError,
     DraftProposal,
     HiddenStateResources,
+    HiddenStates,
     RaggedDraftBatch,
     Request,
     RequestKV,
@@ -93,11 +94,11 @@ class Eagle3Resources(HiddenStateResources):
     """The loaded head, the fused target layers, and per-request head state in ``request.method_state``."""
 
     def __init__(self, config: Eagle3DecodingConfig, target: TargetContext) -> None:
-        super().__init__(target)
         source = head_source(config, target)
         target_config = target.model.config
         head = load_head(source, target_hidden_size=int(target_config.hidden_size), target_vocab_size=target.vocab_size)
         self.layers = resolve_layers(config.eagle3_layers_to_capture, head.config, int(target_config.num_hidden_layers))
+        super().__init__(target, layers=self.layers)
         if config.eagle_topk > head.config.draft_vocab_size:
             raise ConfigError(
                 f"eagle_topk: {config.eagle_topk} exceeds the head's draft vocabulary of {head.config.draft_vocab_size} tokens"
@@ -120,7 +121,7 @@ class Eagle3Resources(HiddenStateResources):
         self.vocab_size = target.vocab_size
         self.device = target.device
 
-    def features(self, hidden_states: tuple[torch.Tensor, ...], rows: int | None = None) -> torch.Tensor:
+    def features(self, hidden_states: HiddenStates, rows: int | None = None) -> torch.Tensor:
         """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""
         return torch.cat([hidden_states[i][:rows] for i in self.layers], dim=-1)
 
@@ -140,7 +141,7 @@ class Eagle3Resources(HiddenStateResources):
             features = self.features(hidden_states, result.num_accepted + 1)
         else:
             # Tree rows are [root, node 0, node 1, ...]: take the root and the accepted path's nodes.
-            rows = torch.tensor([0, *(1 + i for i in result.accepted_nodes)], device=hidden_states[0].device)
+            rows = torch.tensor([0, *(1 + i for i in result.accepted_nodes)], device=self.device)
             features = self.features(hidden_states)[rows]
         request.method_state.pending.append(features)
 

@@ -99,7 +99,7 @@ def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, dee
         assert probs is None
         assert drafts == _drafts_from_scratch(manager, target.model, tokens, len(drafts))
     llm.close()
-    assert not llm.engine.runner.capture_hidden_states
+    assert not llm.engine.runner.hidden_layers
 
 
 def test_sampled_drafts_carry_their_distribution(target, fitted_dir, monkeypatch) -> None:
