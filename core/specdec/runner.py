@@ -34,6 +34,7 @@ import inspect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import torch
@@ -422,10 +423,11 @@ class ModelRunner:
 
 def _row_outputs(rows: list[list[int]], logits: torch.Tensor, hidden: HiddenStates | None) -> list[RunnerOutput]:
     """Each row's outputs from a batched forward's, without the padding past the row's tokens."""
-    return [
-        RunnerOutput(logits[b, : len(r)], hidden.map(lambda h, b=b, n=len(r): h[b, :n]) if hidden is not None else None)
-        for b, r in enumerate(rows)
-    ]
+    outputs = []
+    for b, r in enumerate(rows):
+        row = (b, slice(0, len(r)))
+        outputs.append(RunnerOutput(logits[row], hidden.map(itemgetter(row)) if hidden is not None else None))
+    return outputs
 
 
 def _scatter_plan(starts: list[int], layouts: list[TileLayout | None], width: int, device: torch.device) -> ScatterPlan:
