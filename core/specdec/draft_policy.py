@@ -506,6 +506,13 @@ class CostMeasurement:
     may decode: on the static path its batch reuses the one static cache, so the measurement's
     rows are filled again before its next width (:meth:`interrupted`).
 
+    The machine's speed drifts between steps (by up to 2x within seconds on a shared 2-core
+    host), so widths timed at different moments do not compare: a one-token forward timed in a
+    slow moment once made every width up to 64 look as cheap as one token, and Medusa verified
+    wide trees for 1.1 tokens a step. So each width's forwards alternate with one-token forwards
+    at the same context, and a width costs its fastest forward over the fastest one-token forward
+    beside it, times the fastest one-token forward of all.
+
     :param runner: the target runner.
     :param max_width: the widest forward to cost (tokens per request).
     :param rows: requests per forward.
@@ -527,7 +534,10 @@ class CostMeasurement:
         longest = max(runner.max_length - max_width - rows, 2)
         self.contexts = (min(contexts[0], longest // 2), min(contexts[1], longest))
         self._todo = deque((context, width) for context in self.contexts for width in measured_widths(max_width))
-        self._seconds: dict[int, dict[int, float]] = {context: {} for context in self.contexts}
+        #: By context and width, the fastest forward over the fastest one-token forward beside it.
+        self._relative: dict[int, dict[int, float]] = {context: {} for context in self.contexts}
+        #: By context, the fastest one-token forward timed.
+        self._base: dict[int, float] = {}
         self._cache: BatchKVCache | None = None
         self._cache_context = -1
 
@@ -543,7 +553,7 @@ class CostMeasurement:
         context, width = self._todo.popleft()
         cache = self._filled(context)
 
-        def forward() -> float:
+        def forward(width: int) -> float:
             start = time.perf_counter()
             if self.rows == 1:
                 self.runner.forward(cache, [0] * width)
@@ -555,12 +565,17 @@ class CostMeasurement:
             self.runner.rollback(cache, width)
             return seconds
 
-        forward()  # the first call of a shape pays one-time setup
+        forward(width)  # the first call of a shape pays one-time setup
         samples: list[float] = []
+        ones: list[float] = []
         while len(samples) < MEASURE_REPEATS and (len(samples) < 2 or sum(samples) < MEASURE_SECONDS):
-            samples.append(forward())
+            if width > 1:
+                ones.append(forward(1))
+            samples.append(forward(width))
         # The fastest run is the one least disturbed by the rest of the machine.
-        self._seconds[context][width] = min(samples)
+        ones = ones or samples
+        self._relative[context][width] = min(samples) / min(ones)
+        self._base[context] = min(self._base.get(context, math.inf), *ones)
         if not self._todo:
             self._cache = None
         return bool(self._todo)
@@ -569,7 +584,8 @@ class CostMeasurement:
         """The measured costs (every width timed, see :meth:`step`)."""
         if self._todo:
             raise RuntimeError(f"{len(self._todo)} widths are still to be timed")
-        short, long = (ForwardCost.from_seconds(_interpolated(self._seconds[c], self.max_width)) for c in self.contexts)
+        short, long = (ForwardCost.from_seconds(_interpolated({w: r * self._base[c] for w, r in self._relative[c].items()}, self.max_width))
+                       for c in self.contexts)
         return ContextCost(self.contexts, (short, long))
 
     def _filled(self, context: int) -> BatchKVCache:
