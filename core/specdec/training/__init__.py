@@ -28,20 +28,21 @@ from specdec.training.distributed import (
                                       sum_across,
 )
 from specdec.training.examples import ExampleDataset, load_examples
-from specdec.training.loop import Trainee
-from specdec.training.reporting import per_output
+from specdec.training.loop import StepReport, Trainee, fit
+from specdec.training.reporting import TrainingProgress, per_output, write_record
 from specdec.training.schedule import warmup_cosine
-from specdec.training.state import STATE_FILE, Scores, TrainingOptions
+from specdec.training.state import STATE_FILE, Position, Scores, TrainingOptions
 from specdec.training.synthesize import prompt_turns, read_conversations
 from specdec.training.target import FrozenTarget
 from specdec.training.token_frequency import coverage, frequency_ranking, token_counts
 from specdec.training.vocabulary import TrainingVocabulary, projection
 
 __all__ = [
-    "ChainEvaluation", "DEFAULT_BASE", "DTYPES", "Example", "ExampleDataset", "FrozenTarget", "LengthGroupedBatches", "STATE_FILE",
-    "Scores", "Trainee", "TrainingInputs", "TrainingOptions", "TrainingVocabulary", "World", "average_gradients",
-    "broadcast_parameters", "chain_acceptance", "chained_loss", "chat_token_ids", "check_options", "collate", "conversation_lengths",
-    "coverage", "evaluate_chain", "every_rank", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad",
-    "per_output", "projection", "prompt_turns", "read_conversations", "run_training", "saved_state", "shifted",
-    "sum_across", "token_counts", "tokenize_all", "trainer_options", "training_inputs", "warmup_cosine",
+    "DEFAULT_BASE", "DTYPES", "STATE_FILE", "ChainEvaluation", "Example", "ExampleDataset", "FrozenTarget",
+    "LengthGroupedBatches", "Position", "Scores", "StepReport", "Trainee", "TrainingInputs", "TrainingOptions",
+    "TrainingProgress", "TrainingVocabulary", "World", "average_gradients", "broadcast_parameters", "chain_acceptance",
+    "chained_loss", "chat_token_ids", "check_options", "collate", "conversation_lengths", "coverage", "evaluate_chain",
+    "every_rank", "fit", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad", "per_output",
+    "projection", "prompt_turns", "read_conversations", "run_training", "saved_state", "shifted", "sum_across", "token_counts",
+    "tokenize_all", "trainer_options", "training_inputs", "warmup_cosine", "write_record",
 ]

@@ -1,6 +1,6 @@
 """The drafter trainers' optimization loop: resumable, on one process or many (torch.distributed).
 
-A trainer (Medusa heads, MTP layers) hands :func:`fit` a :class:`Trainee`: its trainable
+A trainer (Medusa heads, MTP layers, EAGLE-3 heads) hands :func:`fit` a :class:`Trainee`: its trainable
 parameters, the shape a resumed run must match, a loss that runs the forward and backward of one
 batch, and a held-out measurement. The loop owns everything else: AdamW with warm-up and cosine
 decay, gradient averaging across processes and clipping, the position in the epoch, held-out
@@ -81,7 +81,7 @@ def fit(trainee: Trainee, dataset: torch.utils.data.Dataset, options: TrainingOp
     """
     parameters = trainee.parameters()
     params = list(parameters.values())
-    optimizer = torch.optim.AdamW(params, lr=options.lr, weight_decay=options.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=options.lr, betas=options.betas, weight_decay=options.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(options.steps, options.warmup, floor=0.0))
     sampler = LengthGroupedBatches(conversation_lengths(dataset), options.batch_size, world, options.seed,
                                    group=50 if options.group_by_length else 1)

@@ -32,6 +32,8 @@ class TrainingOptions:
     #: Output ``k``'s loss weight is ``decay ** k`` (``k`` from 0: head or depth).
     decay: float = 1.0
     weight_decay: float = 0.0
+    #: AdamW's betas (torch's defaults).
+    betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = 1.0
     #: Positions per output whose logits are computed at once (memory: ``chunk x vocab`` floats).
     chunk: int = 1024

@@ -20,7 +20,7 @@ from specdec_eagle3.training.dump import DumpDataset, write_dump
 from specdec_eagle3.training.loop import (FitOptions, evaluate, export, fit, new_head, with_draft_vocabulary,
                                           with_more_layers)
 from specdec_eagle3.training.ttt import chain_walk, ttt_forward
-from specdec.training.batching import collate
+from specdec.training.batching import LengthGroupedBatches, collate, conversation_lengths
 from specdec.training.examples import ExampleDataset
 from specdec_eagle3.training.sources import OfflineTarget, OnlineTarget
 from specdec.training.token_frequency import token_counts
@@ -66,8 +66,8 @@ def test_offline_training_raises_acceptance(target, workdir: Path) -> None:
     export(head, str(workdir / "untrained"), "safeailab", torch.bfloat16, "tiny", (), 4)
     source = OfflineTarget(dataset.target_tensors(), torch.device("cpu"))
     reports = []
-    last = fit(head, source, dataset, FitOptions(steps=150, batch_size=8, lr=3e-3, ttt_steps=4), World(), reports.append)
-    assert len(reports) == 150 and len(last.accuracies) == 4
+    at = fit(head, source, dataset, FitOptions(steps=150, batch_size=8, lr=3e-3, ttt_steps=4), World(), reports.append)
+    assert at.step == len(reports) == 150 and len(reports[-1].accuracies) == 4
     assert sum(reports[-1].accuracies) > sum(reports[0].accuracies) + 1.0
     export(head, str(workdir / "trained"), "safeailab", torch.bfloat16, "tiny", (), 4)
     before, _ = _acceptance(target, workdir / "untrained")
@@ -78,8 +78,8 @@ def test_offline_training_raises_acceptance(target, workdir: Path) -> None:
 
 
 def test_heldout_agreement_is_measured_on_schedule(target, workdir: Path) -> None:
-    """With held-out conversations, every ``eval_every``-th report and the last carry the head's
-    per-step agreement on them, computed as in training but without learning from them."""
+    """With held-out conversations, every ``eval_every``-th report, each epoch's last and the last
+    carry the head's per-step agreement on them, computed as in training but without learning from them."""
     dataset = DumpDataset(workdir / "dump")
     held, trained = Subset(dataset, range(8)), Subset(dataset, range(8, len(dataset)))
     head = _fresh_head(dataset)
@@ -89,7 +89,8 @@ def test_heldout_agreement_is_measured_on_schedule(target, workdir: Path) -> Non
     before = evaluate(head, source, held, options, World())
     reports = []
     fit(head, source, trained, options, World(), reports.append, heldout=held)
-    assert [r.step for r in reports if r.heldout is not None] == [20, 30]
+    per_epoch = len(LengthGroupedBatches(conversation_lengths(trained), 8, World()))
+    assert [r.step for r in reports if r.heldout is not None] == [s for s in range(1, 31) if s % 20 == 0 or s % per_epoch == 0 or s == 30]
     after = reports[-1].heldout
     assert len(after.agreement) == 3 and after.agreement[0] > before.agreement[0] + 0.1, (before, after)
     assert 1.0 <= before.acceptance_length < after.acceptance_length <= 4.0

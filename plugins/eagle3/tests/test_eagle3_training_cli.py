@@ -14,6 +14,8 @@ from eagle3_training_data import save_target, synthesized, tiny_target
 
 from specdec.cli.main import main
 from specdec.models import resolve_device, resolve_dtype
+from specdec.testing.training import Interrupted, interrupted_after_save
+from specdec.training import STATE_FILE
 from specdec_eagle3 import load_head
 from specdec_eagle3.training.loop import export
 
@@ -55,7 +57,7 @@ def test_dump_fit_export_validate(files: dict[str, Path], capsys: pytest.Capture
     assert "offline training: 12 conversations (4 held out), layers [0, 1, 2], draft vocabulary 20 tokens" in result.stderr
     assert "held-out: " in result.stderr
     record = json.loads((d / "head" / "training.json").read_text())
-    assert record["step"] == 4 and len(record["train_accuracy_per_step"]) == 3 and record["options"]["loss_decay"] == 0.8
+    assert record["position"]["step"] == 4 and len(record["train_accuracy_per_step"]) == 3 and record["options"]["decay"] == 0.8
     # Defaults: batches of similar length; bfloat16 mixed precision where the device the command
     # picks (CUDA when present) computes it natively.
     native = resolve_dtype("auto", resolve_device(None)) == torch.bfloat16
@@ -123,7 +125,7 @@ def test_fit_measures_agreement_on_heldout_data(files: dict[str, Path], tmp_path
     err = " ".join(capsys.readouterr().err.split())  # rich wraps lines at the terminal's width
     assert "offline training: 12 conversations (4 held-out conversations from --heldout-data, 4 of them in the training data)" in err
     record = json.loads((tmp_path / "head" / "training.json").read_text())
-    assert record["heldout_conversations"] == 4 and record["heldout_data"] == [str(tmp_path / "held")]
+    assert record["heldout_conversations"] == 4 and record["eval_data"] == [str(tmp_path / "held")]
     assert record["heldout_step"] == 2 and len(record["heldout_accuracy_per_step"]) == 2
     assert 1.0 <= record["heldout_acceptance_length"] <= 3.0
     assert f"predicted acceptance length of a chain of 2: {record['heldout_acceptance_length']:.2f}" in err
@@ -137,6 +139,38 @@ def test_fit_measures_agreement_on_heldout_data(files: dict[str, Path], tmp_path
     one_line_error(["train", "eagle3", "fit", "--data", data, "--model", target, "--layers", "0,1", "--heldout-data", str(unanswered),
                     "--output", str(tmp_path / "x")], "--heldout-data: no conversation has an assistant reply to measure agreement on",
                    capsys)
+
+
+def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """On the core loop, a fit stopped after its step-3 save and resumed ends with exactly the head
+    (and Adam moments) of a fit never stopped; a new fit refuses an output holding a state, and a
+    resumed one a head of another shape."""
+    assert main(["train", "eagle3", "dump", "--model", str(files["target"]), "--dtype", "float32", "--data", str(files["data"]),
+                 "--output", str(tmp_path / "dump"), "--layers", "0,1,2"]) == 0
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+
+    def fit(output: Path, *extra: str) -> list[str]:
+        return ["train", "eagle3", "fit", "--offline-data", str(tmp_path / "dump"), "--output", str(output), "--draft-vocab-size",
+                "20", "--ttt-steps", "2", "--steps", "7", "--save-every", "3", "--batch-size", "4", "--lr", "1e-3",
+                "--export-dtype", "float32", "--precision", "float32", *extra]
+
+    assert main(fit(whole)) == 0
+    with interrupted_after_save(3), pytest.raises(Interrupted):
+        main(fit(resumed))
+    capsys.readouterr()
+    assert json.loads((resumed / "training.json").read_text())["position"]["step"] == 3
+    one_line_error(fit(resumed), "holds a training state; pass --resume to continue it", capsys)
+    assert main(fit(resumed, "--resume")) == 0
+    assert "resuming from step 3 (epoch 1, batch 3)" in " ".join(capsys.readouterr().err.split())
+    a, b = load_head(whole).state_dict(), load_head(resumed).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    states = [torch.load(d / STATE_FILE, weights_only=True) for d in (whole, resumed)]
+    assert states[0]["position"] == states[1]["position"] == {"step": 7, "epoch": 1, "batch": 3}
+    moments = [[(s["exp_avg"], s["exp_avg_sq"]) for s in state["optimizer"]["state"].values()] for state in states]
+    assert all(torch.equal(x, y) and torch.equal(u, v) for (x, u), (y, v) in zip(*moments))
+    one_line_error(fit(resumed, "--resume", "--draft-vocab-size", "24"),
+                   "the saved state holds a head {'num_layers': 1, 'layers_to_capture': [0, 1, 2], 'draft_vocab_size': 20", capsys)
 
 
 def test_online_fit(files: dict[str, Path]) -> None:

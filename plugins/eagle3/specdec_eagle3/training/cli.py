@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
-import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -14,15 +11,30 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec import ConfigError, Progress, load_model, resolve_device, resolve_dtype
-from specdec.training import ExampleDataset, coverage, every_rank, join, leave, load_examples, token_counts
+from specdec.training import (
+    STATE_FILE,
+    ExampleDataset,
+    Position,
+    StepReport,
+    TrainingProgress,
+    coverage,
+    every_rank,
+    join,
+    leave,
+    load_examples,
+    saved_state,
+    token_counts,
+    write_record,
+)
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
 from specdec_eagle3.training.dump import DumpDataset, check_same_target, write_dump
 from specdec_eagle3.training.loop import (
     FitOptions,
-    StepReport,
+    describe_shape,
     export,
     fit,
+    head_shape,
     new_head,
     with_draft_vocabulary,
     with_more_layers,
@@ -116,7 +128,8 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
               help="A dump from `specdec train eagle3 dump` (offline mode); repeatable for dumps of the same target.")
 @click.option("--data", multiple=True, type=click.Path(dir_okay=False),
               help="Conversations jsonl; the target runs beside the head (online mode). Repeatable.")
-@click.option("--output", required=True, type=click.Path(file_okay=False), help="Directory for the exported head.")
+@click.option("--output", required=True, type=click.Path(file_okay=False),
+              help=f"Directory for the exported head, training.json and {STATE_FILE}.")
 @click.option("--model", default=None, help="Online mode's target: HF id or local dir (default: embedded SmolLM2).")
 @click.option("--dtype", type=click.Choice(["auto", *DTYPES]), default="auto", show_default=True, help="Online target dtype.")
 @click.option("--device", default=None, help="cuda or cpu (default: CUDA when present).")
@@ -144,14 +157,17 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
                    "With --init-head, layers past the head's own are appended as identities and trained from there.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="safeailab", show_default=True, help="Exported checkpoint layout.")
 @click.option("--export-dtype", type=click.Choice(list(DTYPES)), default="bfloat16", show_default=True)
-@click.option("--save-every", type=int, default=0, show_default=True, help="Also export every this many steps (0: at the end only).")
+@click.option("--save-every", type=int, default=0, show_default=True,
+              help="Also export and save the training state every this many steps (always: each epoch's end and the last step).")
+@click.option("--resume", is_flag=True,
+              help=f"Continue from --output's {STATE_FILE} (the same head shape; the data, seed and options must match).")
 @click.option("--heldout", type=int, default=0, show_default=True,
               help="Conversations held out of training (a seeded random choice) to measure the head's agreement on.")
 @click.option("--heldout-data", multiple=True, type=click.Path(),
               help="Measure agreement on these instead of --heldout: dumps with --offline-data, conversations jsonl with "
                    "--data. Training conversations with the same conversation_id are not trained on. Repeatable.")
 @click.option("--eval-every", type=int, default=0, show_default=True,
-              help="Measure held-out agreement every this many steps (0: at the end only).")
+              help="Also measure held-out agreement every this many steps (always: each epoch's end and the last step).")
 @click.option("--precision", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
               help="The head's matrix products: bfloat16 (mixed precision; weights and losses stay float32) or float32. "
                    "auto: bfloat16 where the device computes it natively (CUDA, CPUs with AMX or AVX512-BF16).")
@@ -160,7 +176,7 @@ def dump(data, output, model, dtype, device, layers, max_length, limit, batch_si
 @click.option("--seed", type=int, default=0, show_default=True)
 def fit_command(offline_data, data, output, model, dtype, device, layers, max_length, draft_vocab_size, ttt_steps, loss_decay,
                 argmax_weight, steps, epochs, batch_size, lr, warmup, init_from_target, init_head, num_layers, layout,
-                export_dtype, save_every, heldout, heldout_data, eval_every, precision, group_by_length, seed) -> None:
+                export_dtype, save_every, resume, heldout, heldout_data, eval_every, precision, group_by_length, seed) -> None:
     """Train an EAGLE-3 head with the training-time test and export it in a published layout."""
     if bool(offline_data) == bool(data):
         raise ConfigError("give exactly one of --offline-data (a dump) or --data (conversations, online mode)")
@@ -248,9 +264,10 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
         if precision == "auto":
             bf16 = every_rank(bf16, world)  # one precision for all ranks, even on mixed devices
         options = FitOptions(steps=steps or per_epoch * (epochs or 1), batch_size=batch_size, lr=lr, warmup=warmup,
-                             ttt_steps=ttt_steps, loss_decay=loss_decay, argmax_weight=argmax_weight, seed=seed,
+                             ttt_steps=ttt_steps, decay=loss_decay, argmax_weight=argmax_weight, seed=seed,
                              save_every=save_every, eval_every=eval_every,
                              group_by_length=group_by_length, bf16=bf16)
+        saved = saved_state(output, resume, head_shape(head.config), describe_shape)
         held_note = ""
         if held_out is not None:
             held_note = f" ({len(held_out)} held-out conversations from --heldout-data, {len(held)} of them in the training data)"
@@ -263,37 +280,32 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                       f"process(es), {'bfloat16 mixed' if bf16 else 'float32'} precision")
         architectures = tuple(target_config.get("architectures") or ())
 
-        def save(step: int) -> None:
+        def save(at: Position) -> None:
             export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8))
-            record = {"command": shlex.join(["specdec", *sys.argv[1:]]), "init_head": init_head, "step": step, "options": vars(options),
-                      "layers": list(fused), "num_layers": head.config.num_layers, "draft_vocab_size": int(d2t.numel()),
-                      "train_accuracy_per_step": last.accuracies, "train_loss": last.loss,
-                      "heldout_conversations": len(heldout_set) if heldout_set is not None else 0,
-                      "heldout_data": list(heldout_data), **measured}
-            (Path(output) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+            write_record(output, at, options, offline_data or data, heldout_data, heldout_set, init_head=init_head,
+                         layers=list(fused), num_layers=head.config.num_layers, draft_vocab_size=int(d2t.numel()),
+                         train_accuracy_per_step=last.accuracies, train_loss=last.loss, **measured)
 
-        last = StepReport(0, float("nan"), [])
+        last = StepReport(0, 0, float("nan"), [], [])
         # The latest held-out measurement, for training.json.
         measured: dict[str, Any] = {}
-        with _progress(console, "training", "loss {task.fields[loss]:.3f}", "acc {task.fields[acc]}",
-                       "held-out {task.fields[held]}") as progress:
-            task = progress.add_task("fit", total=options.steps, loss=float("nan"), acc="-", held="-")
-            smooth: dict[str, Any] = {}
+        with TrainingProgress(console, options.steps, saved) as progress:
 
             def on_step(report: StepReport) -> None:
                 nonlocal last
                 last = report
-                previous = smooth.get("acc")
-                smooth["acc"] = report.accuracies if previous is None else [0.9 * a + 0.1 * b for a, b in zip(previous, report.accuracies)]
-                smooth["loss"] = report.loss if "loss" not in smooth else 0.9 * smooth["loss"] + 0.1 * report.loss
+                progress.step(report.step, report.epoch, report.loss, report.accuracies, report.tokens)
                 if report.heldout is not None:
                     measured.update(heldout_step=report.step, heldout_accuracy_per_step=report.heldout.agreement,
                                     heldout_acceptance_length=report.heldout.acceptance_length)
-                held = measured.get("heldout_accuracy_per_step")
-                progress.update(task, advance=1, loss=smooth["loss"], acc=_accuracies(smooth["acc"][:4]),
-                                held=f"{_accuracies(held[:4])} ({measured['heldout_acceptance_length']:.2f})" if held else "-")
+                    progress.print(f"step {report.step}: held-out agreement per TTT step {_accuracies(report.heldout.agreement)}, "
+                                   f"predicted acceptance length {report.heldout.acceptance_length:.2f}")
 
-            fit(head, source, dataset, options, world, on_step, save, heldout_set)
+            at = fit(head, source, dataset, options, world, on_step, save, heldout_set, output, saved)
+        if at.step == progress.start.step and world.is_main:
+            save(at)  # nothing left to train: still leave the export of the saved state
+        if (speed := progress.speed_line(at)) is not None:
+            console.print(speed)
         console.print(f"training accuracy per TTT step (last step): {_accuracies(last.accuracies, ', ')}; "
                       + (f"held-out: {_accuracies(last.heldout.agreement, ', ')}, predicted acceptance length of a chain "
                          f"of {ttt_steps}: {last.heldout.acceptance_length:.2f}; " if last.heldout else "")

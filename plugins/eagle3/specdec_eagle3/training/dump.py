@@ -169,7 +169,7 @@ class DumpDataset(torch.utils.data.Dataset):
     def __getitem__(self, item: int) -> dict[str, torch.Tensor]:
         file, key = self._where[item]
         handle = self._handle(file)
-        return {field: handle.get_tensor(f"{key}.{field}") for field in FIELDS}
+        return {**{field: handle.get_tensor(f"{key}.{field}") for field in FIELDS}, "length": torch.tensor(self.lengths[item])}
 
     def target_tensors(self) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file

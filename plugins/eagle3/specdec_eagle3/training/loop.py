@@ -1,4 +1,4 @@
-"""Build a head for a target and train it with the training-time test; export in a published layout."""
+"""Build a head for a target and train it with the training-time test on the core loop; export in a published layout."""
 
 from __future__ import annotations
 
@@ -11,16 +11,8 @@ import torch
 from transformers import LlamaConfig
 
 from specdec import ConfigError
-from specdec.training import (
-    LengthGroupedBatches,
-    World,
-    average_gradients,
-    broadcast_parameters,
-    collate,
-    conversation_lengths,
-    sum_across,
-    warmup_cosine,
-)
+from specdec.training import Position, Scores, StepReport, TrainingOptions, World, collate, sum_across
+from specdec.training import fit as train
 from specdec_eagle3.checkpoint import save_head
 from specdec_eagle3.head import Eagle3Head, Eagle3HeadConfig
 from specdec_eagle3.training.ttt import TTTResult, agreement, chain_walk, ttt_forward
@@ -114,28 +106,21 @@ def with_more_layers(head: Eagle3Head, num_layers: int, seed: int = 0) -> Eagle3
 
 
 @dataclass
-class FitOptions:
-    steps: int = 1000
+class FitOptions(TrainingOptions):
+    """The core loop's options with EAGLE-3's defaults, and the training-time test's own."""
+
     batch_size: int = 4
     lr: float = 1e-4
     warmup: int = 0
+    #: Step ``k`` of the training-time test weighs ``decay ** k`` (the authors' 0.8).
+    decay: float = 0.8
+    max_grad_norm: float = 0.5
+    #: The EAGLE-3 authors' AdamW betas.
+    betas: tuple[float, float] = (0.9, 0.95)
+    #: Unrolled training-time-test steps.
     ttt_steps: int = 7
-    loss_decay: float = 0.8
     #: Share of each step's loss that is the cross-entropy with the target's greedy token.
     argmax_weight: float = 0.0
-    max_grad_norm: float = 0.5
-    seed: int = 0
-    save_every: int = 0
-    #: Measure held-out accuracy every this many steps (and at the end) when ``fit`` is given
-    #: held-out conversations; 0: at the end only.
-    eval_every: int = 0
-    #: Batches of conversations of similar length (:class:`LengthGroupedBatches`) rather than
-    #: shuffled ones: less padding to compute.
-    group_by_length: bool = True
-    #: Mixed precision: the head's matrix products in bfloat16 under ``torch.autocast``; its
-    #: weights, optimizer state and losses stay float32. Held-out measurement stays float32, so
-    #: it compares across runs either way.
-    bf16: bool = False
 
 
 @dataclass
@@ -150,80 +135,54 @@ class Evaluation:
     acceptance_length: float
 
 
-@dataclass
-class StepReport:
-    step: int
-    loss: float
-    accuracies: list[float]
-    #: The head on the held-out conversations, on steps that measured it.
-    heldout: Evaluation | None = None
+class Eagle3Trainee:
+    """An EAGLE-3 head as the core loop trains it (:class:`specdec.training.Trainee`): each batch's
+    target signals come from ``source`` (``OfflineTarget``, a dump; ``OnlineTarget``, the target run
+    beside the head), and the loss is the training-time test's. Held-out measurements take
+    :func:`evaluate`'s agreement and predicted acceptance length."""
+
+    def __init__(self, head: Eagle3Head, source: Any, options: FitOptions) -> None:
+        self.module, self.source, self.options = head, source, options
+        source.use_draft_vocabulary(head.draft_to_target())
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return {name: p for name, p in self.module.named_parameters() if p.requires_grad}
+
+    def shape(self) -> dict[str, Any]:
+        return head_shape(self.module.config)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> Scores:
+        options = self.options
+        result = _unroll(self.module, self.source, batch, options.ttt_steps, options.bf16, options.argmax_weight)
+        result.total(options.decay).backward()
+        return Scores([float(loss.detach()) * n for loss, n in zip(result.losses, result.counts)], result.correct, result.counts)
+
+    def evaluate(self, dataset: torch.utils.data.Dataset, world: World) -> Evaluation:
+        evaluation = evaluate(self.module, self.source, dataset, self.options, world)
+        self.module.train()
+        return evaluation
 
 
-def fit(
-    head: Eagle3Head,
-    source: Any,
-    dataset: torch.utils.data.Dataset,
-    options: FitOptions,
-    world: World,
-    on_step: Callable[[StepReport], None] | None = None,
-    on_save: Callable[[int], None] | None = None,
-    heldout: torch.utils.data.Dataset | None = None,
-) -> StepReport:
-    """Train ``head`` in place for ``options.steps`` optimizer steps; returns the last step's report.
+def head_shape(config: Eagle3HeadConfig) -> dict[str, Any]:
+    """What a resumed run must match: the head's layers, the target layers it fuses, its draft vocabulary."""
+    return {"num_layers": config.num_layers, "layers_to_capture": list(config.layers_to_capture or ()),
+            "draft_vocab_size": config.draft_vocab_size, "target_hidden_size": config.target_hidden_size}
 
-    ``source`` turns a batch into target signals (``OfflineTarget`` or ``OnlineTarget``). Each rank
-    reads its own share of ``dataset``; gradients are averaged over ranks before each step.
-    ``on_save(step)`` is called on rank 0 every ``options.save_every`` steps and at the end.
-    With ``heldout`` conversations, the report of every ``options.eval_every``-th step and of the
-    last carries the head's per-step top-1 agreement and predicted acceptance length on them
-    (:func:`evaluate`): training accuracy alone cannot tell learning from memorizing.
-    """
-    head.train()
-    broadcast_parameters(head, world)
-    source.use_draft_vocabulary(head.draft_to_target())
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=options.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(options.steps, options.warmup))
-    sampler: LengthGroupedBatches | torch.utils.data.DistributedSampler
-    if options.group_by_length:
-        sampler = LengthGroupedBatches(conversation_lengths(dataset), options.batch_size, world, options.seed)
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
-    else:
-        sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world.size, rank=world.rank, shuffle=True,
-                                                      seed=options.seed, drop_last=world.distributed)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=options.batch_size, sampler=sampler, collate_fn=collate)
-    if len(loader) == 0:
-        raise ConfigError(f"the training data holds {len(dataset)} conversations: too few for a batch of "
-                          f"{options.batch_size} on each of {world.size} processes")
-    epoch, batches, report = 0, iter(()), StepReport(0, float("nan"), [])
-    for step in range(1, options.steps + 1):
-        batch = next(batches, None)
-        if batch is None:
-            sampler.set_epoch(epoch)
-            epoch += 1
-            batches = iter(loader)
-            batch = next(batches)
-        result = _unroll(head, source, batch, options.ttt_steps, options.bf16, options.argmax_weight)
-        loss = result.total(options.loss_decay)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        average_gradients(params, world)
-        torch.nn.utils.clip_grad_norm_(params, options.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        totals = sum_across([float(loss.detach()), *result.correct, *result.counts], world)
-        k = options.ttt_steps
-        correct, counts = totals[1 : 1 + k], totals[1 + k :]
-        report = StepReport(step, totals[0] / world.size, agreement(correct, counts))
-        if heldout is not None and (step == options.steps or (options.eval_every and step % options.eval_every == 0)):
-            report.heldout = evaluate(head, source, heldout, options, world)
-            head.train()
-        if on_step is not None and world.is_main:
-            on_step(report)
-        if on_save is not None and world.is_main and (step == options.steps or (options.save_every and step % options.save_every == 0)):
-            on_save(step)
+
+def describe_shape(shape: dict[str, Any]) -> str:
+    return f"a head {shape}"
+
+
+def fit(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, options: FitOptions, world: World,
+        on_step: Callable[[StepReport], None] | None = None, on_save: Callable[[Position], None] | None = None,
+        heldout: torch.utils.data.Dataset | None = None, state_dir: str | None = None,
+        resume: dict[str, Any] | None = None) -> Position:
+    """Train ``head`` in place on the core loop (:func:`specdec.training.fit`: resumable, held-out
+    measurements and save points at each epoch's end, every ``options.eval_every`` /
+    ``options.save_every`` step and the last); where it stopped. The head is left in eval mode."""
+    at = train(Eagle3Trainee(head, source, options), dataset, options, world, state_dir, resume, on_step, on_save, heldout)
     head.eval()
-    return report
+    return at
 
 
 @torch.no_grad()
