@@ -13,6 +13,7 @@ from specdec.draft_policy import (
     STEP_TIME_STALE,
     AcceptanceEstimate,
     ContextCost,
+    CostMeasurement,
     DraftTime,
     ForwardCost,
     ResumeCost,
@@ -558,6 +559,50 @@ def test_stale_plain_ratios_do_not_make_drafting_look_cheap():
     assert times.correct(warmup).relative[2] == pytest.approx(0.016 / 0.0125)  # drafting looks cheap
     times.record(2, 0.016, 0.016)
     assert times.correct(warmup).relative == pytest.approx(warmup.relative)
+
+
+class DriftingRunner:
+    """A stand-in runner whose ``width``-token forward takes ``(1 + width / 10)`` units on a fake
+    clock, a unit ``slowdown`` times longer after every forward: a machine drifting while the
+    widths are timed one after another."""
+
+    max_length, static = 4096, False
+
+    def __init__(self, slowdown: float) -> None:
+        self.now, self.unit, self.slowdown = 0.0, 0.010, slowdown
+
+    def clock(self) -> float:
+        return self.now
+
+    def new_batch_cache(self, rows: int) -> object:
+        return object()
+
+    def forward(self, cache: object, tokens: list[int]) -> None:
+        self.now += self.unit * (0.9 + len(tokens) / 10)
+        self.unit *= self.slowdown
+
+    def forward_rows(self, cache: object, rows: list[list[int]]) -> None:
+        self.forward(cache, rows[0])
+
+    def rollback(self, cache: object, width: int) -> None:
+        pass
+
+
+def test_measured_costs_hold_while_the_machine_drifts(monkeypatch):
+    """Each width is timed against one-token forwards beside it: on a machine slowing down by 3%
+    a forward (a third slower by the time the short context's widths are done), the measured
+    curve is the true one within the drift of one forward, and the base is the fastest one-token
+    forward. Timing each width alone made every width dearer than the one-token forward timed
+    first by all the drift since (a 2-token forward 1.3 times a one-token one, not 1.1)."""
+    runner = DriftingRunner(slowdown=1.03)
+    monkeypatch.setattr(time, "perf_counter", runner.clock)
+    measurement = CostMeasurement(runner, max_width=8)
+    while measurement.step():
+        pass
+    short = measurement.result().costs[0]
+    truth = [(0.9 + w / 10) for w in range(1, 9)]
+    assert short.relative == pytest.approx([t / truth[0] for t in truth], rel=0.035)
+    assert short.base_seconds == pytest.approx(0.010 * 1.03**2)  # the first timed: after the prefill and a setup forward
 
 
 def test_stale_cheap_drafting_ratios_do_not_undercut_fresh_plain_ones():
