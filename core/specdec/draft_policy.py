@@ -510,8 +510,8 @@ class CostMeasurement:
     host), so widths timed at different moments do not compare: a one-token forward timed in a
     slow moment once made every width up to 64 look as cheap as one token, and Medusa verified
     wide trees for 1.1 tokens a step. So each width's forwards alternate with one-token forwards
-    at the same context, and a width costs its fastest forward over the fastest one-token forward
-    beside it, times the fastest one-token forward of all.
+    at the same context, and a width costs the median of its forwards' times over the one-token
+    forward's just before each, times the fastest one-token forward of all.
 
     :param runner: the target runner.
     :param max_width: the widest forward to cost (tokens per request).
@@ -534,7 +534,7 @@ class CostMeasurement:
         longest = max(runner.max_length - max_width - rows, 2)
         self.contexts = (min(contexts[0], longest // 2), min(contexts[1], longest))
         self._todo = deque((context, width) for context in self.contexts for width in measured_widths(max_width))
-        #: By context and width, the fastest forward over the fastest one-token forward beside it.
+        #: By context and width, the median of the width's forwards over the one-token forward before each.
         self._relative: dict[int, dict[int, float]] = {context: {} for context in self.contexts}
         #: By context, the fastest one-token forward timed.
         self._base: dict[int, float] = {}
@@ -572,9 +572,10 @@ class CostMeasurement:
             if width > 1:
                 ones.append(forward(1))
             samples.append(forward(width))
-        # The fastest run is the one least disturbed by the rest of the machine.
+        # Each pair ran at about the same speed; the fastest one-token run is the one least
+        # disturbed by the rest of the machine.
         ones = ones or samples
-        self._relative[context][width] = min(samples) / min(ones)
+        self._relative[context][width] = statistics.median(w / one for w, one in zip(samples, ones))
         self._base[context] = min(self._base.get(context, math.inf), *ones)
         if not self._todo:
             self._cache = None
