@@ -16,6 +16,9 @@ from specdec import (
 )
 from specdec_suffix.config import SuffixDecodingConfig
 
+#: Draft tokens of transformers' prompt lookup as its documentation runs it.
+HF_PROMPT_LOOKUP_TOKENS = 10
+
 
 class SuffixResources(ResourceManager):
     """The requests' trees and the global tree (:class:`SuffixCache`), kept until the LLM closes."""
@@ -78,3 +81,13 @@ def specdec_accept(
     if isinstance(config, SuffixDecodingConfig):
         for request in requests:
             resource_manager.cache.extend(request.request_id, request.token_ids, request.num_prompt_tokens)
+
+
+@hookimpl
+def specdec_hf_generate_kwargs(config: SpeculativeConfig) -> dict[str, int] | None:
+    """transformers has no suffix decoding; its peer is prompt lookup, which also drafts what
+    followed a matching suffix (of the prompt and output only, up to 10 tokens as its docs run it,
+    never more than this config drafts)."""
+    if not isinstance(config, SuffixDecodingConfig):
+        return None
+    return {"prompt_lookup_num_tokens": min(config.max_draft_len, HF_PROMPT_LOOKUP_TOKENS)}
