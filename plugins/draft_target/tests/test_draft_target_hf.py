@@ -9,22 +9,13 @@ import pytest
 import torch
 from transformers.generation import candidate_generator
 
-from specdec import LLM
-from specdec.plugins import get_registry
 from specdec_draft_target import DraftTargetDecodingConfig
 
-
-def hf_kwargs(tiny, config) -> dict | None:
-    """What the bench's `hf` peer passes to transformers' generate for ``config``."""
-    llm = LLM(tiny.model, config, tokenizer=tiny.tokenizer)
-    try:
-        return get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
-    finally:
-        llm.close()
+from specdec.testing import hf_peer_kwargs
 
 
 def test_assistant_model_is_the_configured_draft(tiny, small_draft_dir: Path) -> None:
-    kwargs = hf_kwargs(tiny, DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir)))
+    kwargs = hf_peer_kwargs(tiny, DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir)))
     assistant = kwargs["assistant_model"]
     assert Path(assistant.name_or_path) == small_draft_dir
     assert assistant.generation_config.num_assistant_tokens == 3
@@ -48,7 +39,7 @@ def test_assistant_drafts_with_the_same_confidence_threshold(tiny, small_draft_d
     chains grow; the test pins the fixed case."""
     monkeypatch.setattr(candidate_generator, "is_sklearn_available", lambda: False)
     config = DraftTargetDecodingConfig(max_draft_len=3, speculative_model=str(small_draft_dir), confidence_threshold=threshold)
-    kwargs = hf_kwargs(tiny, config)
+    kwargs = hf_peer_kwargs(tiny, config)
     assistant = kwargs["assistant_model"]
     assert assistant.generation_config.assistant_confidence_threshold == threshold
     chains = []
@@ -66,4 +57,4 @@ def test_assistant_drafts_with_the_same_confidence_threshold(tiny, small_draft_d
 
 
 def test_other_methods_get_no_kwargs(tiny) -> None:
-    assert "assistant_model" not in (hf_kwargs(tiny, {"method": "ngram"}) or {})
+    assert "assistant_model" not in (hf_peer_kwargs(tiny, {"method": "ngram"}) or {})

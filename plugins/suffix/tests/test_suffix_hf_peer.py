@@ -7,21 +7,12 @@ from __future__ import annotations
 import torch
 from specdec_suffix import SuffixDecodingConfig
 
-from specdec import LLM
-from specdec.plugins import get_registry
-
-
-def hf_kwargs(tiny, config) -> dict | None:
-    llm = LLM(tiny.model, config, tokenizer=tiny.tokenizer)
-    try:
-        return get_registry().hook.specdec_hf_generate_kwargs(config=llm.speculative_config, target=llm.engine.target)
-    finally:
-        llm.close()
+from specdec.testing import hf_peer_kwargs
 
 
 def test_the_peer_is_prompt_lookup(tiny) -> None:
-    assert hf_kwargs(tiny, SuffixDecodingConfig()) == {"prompt_lookup_num_tokens": 10}
-    kwargs = hf_kwargs(tiny, SuffixDecodingConfig(num_speculative_tokens=4))
+    assert hf_peer_kwargs(tiny, SuffixDecodingConfig()) == {"prompt_lookup_num_tokens": 10}
+    kwargs = hf_peer_kwargs(tiny, SuffixDecodingConfig(num_speculative_tokens=4))
     assert kwargs == {"prompt_lookup_num_tokens": 4}
     ids = torch.tensor([tiny.encode("the cat sat on the mat. the cat")], device=tiny.model.device)
     plain = tiny.model.generate(ids, max_new_tokens=12, do_sample=False)
