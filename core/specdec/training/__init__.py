@@ -10,6 +10,7 @@ from specdec.training.command import (
                                       DEFAULT_BASE,
                                       DTYPES,
                                       TrainingInputs,
+                                      TrainingRun,
                                       check_options,
                                       fit_options,
                                       run_training,
@@ -29,7 +30,7 @@ from specdec.training.distributed import (
 )
 from specdec.training.examples import ExampleDataset, load_examples
 from specdec.training.loop import StepReport, Trainee, fit
-from specdec.training.reporting import TrainingProgress, per_output, write_record
+from specdec.training.reporting import per_output
 from specdec.training.schedule import warmup_cosine
 from specdec.training.state import STATE_FILE, Position, Scores, TrainingOptions
 from specdec.training.synthesize import prompt_turns, read_conversations
@@ -40,9 +41,9 @@ from specdec.training.vocabulary import TrainingVocabulary, projection
 __all__ = [
     "DEFAULT_BASE", "DTYPES", "STATE_FILE", "ChainEvaluation", "Example", "ExampleDataset", "FrozenTarget",
     "LengthGroupedBatches", "Position", "Scores", "StepReport", "Trainee", "TrainingInputs", "TrainingOptions",
-    "TrainingProgress", "TrainingVocabulary", "World", "average_gradients", "broadcast_parameters", "chain_acceptance",
+    "TrainingRun", "TrainingVocabulary", "World", "average_gradients", "broadcast_parameters", "chain_acceptance",
     "chained_loss", "chat_token_ids", "check_options", "collate", "conversation_lengths", "coverage", "evaluate_chain",
     "every_rank", "fit", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad", "per_output",
     "projection", "prompt_turns", "read_conversations", "run_training", "saved_state", "shifted", "sum_across", "token_counts",
-    "tokenize_all", "trainer_options", "training_inputs", "warmup_cosine", "write_record",
+    "tokenize_all", "trainer_options", "training_inputs", "warmup_cosine",
 ]

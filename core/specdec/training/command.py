@@ -126,17 +126,24 @@ def saved_state(output: str, resume: bool, shape: dict[str, Any], describe: Call
 
 
 @dataclass
-class TrainingInputs:
-    """The loaded target and conversations of a trainer's run."""
+class TrainingRun:
+    """What :func:`run_training` reads: the process group, the console, the training and
+    held-out conversations."""
 
     world: World
     console: Console
+    dataset: torch.utils.data.Dataset
+    heldout: torch.utils.data.Dataset | None
+
+
+@dataclass
+class TrainingInputs(TrainingRun):
+    """The loaded target and conversations of a trainer's run."""
+
     target: Any
     tokenizer: Any
     #: Every conversation read from ``--data`` (the vocabulary and counts are taken over them).
     examples: list
-    dataset: torch.utils.data.Dataset
-    heldout: torch.utils.data.Dataset | None
     #: Whether the trained products run in bfloat16 (every rank agrees).
     bf16: bool
     #: The training softmax's tokens (``--train-vocab``; ``None``: all) and their reply share.
@@ -181,7 +188,8 @@ def training_inputs(device: str | None, model: str | None, dtype: str, data: tup
             dataset, heldout = split_heldout(dataset, eval_fraction, seed)
         bf16 = every_rank(resolve_dtype(precision, world.device) == torch.bfloat16, world)
         vocabulary, covered = training_vocabulary(examples, train_vocab, int(target.get_output_embeddings().weight.shape[0]))
-        yield TrainingInputs(world, console, target, tokenizer, examples, dataset, heldout, bf16, vocabulary, covered)
+        yield TrainingInputs(world, console, dataset, heldout, target=target, tokenizer=tokenizer, examples=examples, bf16=bf16,
+                             vocabulary=vocabulary, covered=covered)
     finally:
         leave(world)
 
@@ -217,7 +225,7 @@ def reply_tokens(examples: list) -> int:
     return sum(int(e.loss_mask.sum()) for e in examples)
 
 
-def run_training(trainee: Trainee, inputs: TrainingInputs, options: TrainingOptions, output: str, saved: dict | None,
+def run_training(trainee: Trainee, inputs: TrainingRun, options: TrainingOptions, output: str, saved: dict | None,
                  export: Callable[[], None], unit: str, heldout_fields: Callable[[Any], dict[str, Any]],
                  heldout_line: Callable[[int, Any], str], record: dict[str, Any], data: tuple[str, ...],
                  eval_data: tuple[str, ...]) -> Position:

@@ -14,26 +14,26 @@ from specdec import ConfigError, Progress, load_model, resolve_device, resolve_d
 from specdec.training import (
     STATE_FILE,
     ExampleDataset,
-    Position,
-    StepReport,
-    TrainingProgress,
+    TrainingRun,
     coverage,
     every_rank,
     join,
     leave,
     load_examples,
+    per_output,
+    run_training,
     saved_state,
     token_counts,
-    write_record,
 )
 from specdec_eagle3.checkpoint import LAYOUTS, load_head
 from specdec_eagle3.compat import default_layers
 from specdec_eagle3.training.dump import DumpDataset, check_same_target, write_dump
 from specdec_eagle3.training.loop import (
+    Eagle3Trainee,
+    Evaluation,
     FitOptions,
     describe_shape,
     export,
-    fit,
     head_shape,
     new_head,
     with_draft_vocabulary,
@@ -280,42 +280,23 @@ def fit_command(offline_data, data, output, model, dtype, device, layers, max_le
                       f"process(es), {'bfloat16 mixed' if bf16 else 'float32'} precision")
         architectures = tuple(target_config.get("architectures") or ())
 
-        def save(at: Position) -> None:
-            export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8))
-            write_record(output, at, options, offline_data or data, heldout_data, heldout_set, init_head=init_head,
-                         layers=list(fused), num_layers=head.config.num_layers, draft_vocab_size=int(d2t.numel()),
-                         train_accuracy_per_step=last.accuracies, train_loss=last.loss, **measured)
-
-        last = StepReport(0, 0, float("nan"), [], [])
-        # The latest held-out measurement, for training.json.
-        measured: dict[str, Any] = {}
-        with TrainingProgress(console, options.steps, saved) as progress:
-
-            def on_step(report: StepReport) -> None:
-                nonlocal last
-                last = report
-                progress.step(report.step, report.epoch, report.loss, report.accuracies, report.tokens)
-                if report.heldout is not None:
-                    measured.update(heldout_step=report.step, heldout_accuracy_per_step=report.heldout.agreement,
-                                    heldout_acceptance_length=report.heldout.acceptance_length)
-                    progress.print(f"step {report.step}: held-out agreement per TTT step {_accuracies(report.heldout.agreement)}, "
-                                   f"predicted acceptance length {report.heldout.acceptance_length:.2f}")
-
-            at = fit(head, source, dataset, options, world, on_step, save, heldout_set, output, saved)
-        if at.step == progress.start.step and world.is_main:
-            save(at)  # nothing left to train: still leave the export of the saved state
-        if (speed := progress.speed_line(at)) is not None:
-            console.print(speed)
-        console.print(f"training accuracy per TTT step (last step): {_accuracies(last.accuracies, ', ')}; "
-                      + (f"held-out: {_accuracies(last.heldout.agreement, ', ')}, predicted acceptance length of a chain "
-                         f"of {ttt_steps}: {last.heldout.acceptance_length:.2f}; " if last.heldout else "")
-                      + f"wrote {layout} head to {output}")
+        record = {"init_head": init_head, "layers": list(fused), "num_layers": head.config.num_layers,
+                  "draft_vocab_size": int(d2t.numel())}
+        run_training(Eagle3Trainee(head, source, options), TrainingRun(world, console, dataset, heldout_set), options, output,
+                     saved, lambda: export(head, output, layout, DTYPES[export_dtype], verifier, architectures, min(ttt_steps, 8)),
+                     "step", _heldout_fields, _held_line, record, offline_data or data, heldout_data)
+        console.print(f"wrote {layout} head to {output}")
     finally:
         leave(world)
 
 
-def _accuracies(values: list[float], sep: str = " ") -> str:
-    return sep.join(f"{a:.2f}" for a in values)
+def _held_line(step: int, evaluation: Evaluation) -> str:
+    return (f"step {step}: held-out: agreement per TTT step {per_output(evaluation.agreement)}, predicted acceptance length "
+            f"of a chain of {len(evaluation.agreement)}: {evaluation.acceptance_length:.2f}")
+
+
+def _heldout_fields(evaluation: Evaluation) -> dict[str, object]:
+    return {"heldout_accuracy_per_step": evaluation.agreement, "heldout_acceptance_length": evaluation.acceptance_length}
 
 
 def _continued_head(path: str, target_config: dict[str, Any], fused: tuple[int, ...]) -> Any:
