@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from specdec.cli.common import quiet_transformers
+from specdec.draft_vocab import load_ranking
 from specdec.errors import ConfigError
 from specdec.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 from specdec.progress import Progress
@@ -63,6 +64,10 @@ def trainer_options(output_help: str, unit: str, lr: float, lr_help: str, decay:
                      help="Train the softmax over the this many most frequent reply tokens of --data only "
                           "(0: the whole vocabulary): the projection is the costliest part; the exported weights "
                           "still draft over every token."),
+        click.option("--draft-vocab", type=click.Path(dir_okay=False), default=None,
+                     help="Take --train-vocab's tokens from this ranking (`specdec train draft-vocab`) instead of "
+                          "counting --data's replies: the tokens the drafter will draft over with that ranking "
+                          "(the shipped drafters use the ranking shipped for the default target)."),
         click.option("--cache-states", type=click.Path(file_okay=False), default=None,
                      help="Keep the target's final states of the training conversations in this directory (made on "
                           "the first run, about 1.2 kB a token for SmolLM2 in bfloat16; the Medusa and MTP trainers "
@@ -93,7 +98,7 @@ def trainer_options(output_help: str, unit: str, lr: float, lr_help: str, decay:
 
 def check_options(counts: dict[str, int], epochs: int, max_steps: int | None, batch_size: int, lr: float,
                   eval_fraction: float, data: tuple[str, ...], eval_data: tuple[str, ...], max_length: int,
-                  chunk_size: int, **_: Any) -> None:
+                  chunk_size: int, train_vocab: int = 0, draft_vocab: str | None = None, **_: Any) -> None:
     """One-line errors for options click's types do not already bound; ``counts``: the trainer's
     own ``{option name: value}`` that must be at least 1."""
     for name, value in (*counts.items(), ("epochs", epochs), ("batch-size", batch_size), ("max-length", max_length),
@@ -108,6 +113,8 @@ def check_options(counts: dict[str, int], epochs: int, max_steps: int | None, ba
         raise ConfigError(f"--eval-fraction: must be in [0, 1), got {eval_fraction}")
     if eval_fraction and eval_data:
         raise ConfigError("--eval-fraction and --eval-data are alternatives; give one")
+    if draft_vocab and not train_vocab:
+        raise ConfigError("--draft-vocab: needs --train-vocab, the number of its tokens to train over")
     for path in (*data, *eval_data):
         if not Path(path).is_file():
             raise ConfigError(f"--data: no file {path!r}" if path in data else f"--eval-data: no file {path!r}")
@@ -149,6 +156,8 @@ class TrainingInputs(TrainingRun):
     #: The training softmax's tokens (``--train-vocab``; ``None``: all) and their reply share.
     vocabulary: TrainingVocabulary | None = None
     covered: float = 1.0
+    #: Where the vocabulary's tokens came from, for the run's first line.
+    vocabulary_source: str = "most frequent reply tokens"
 
     def summary(self, options: TrainingOptions) -> str:
         """What the run trains on and how, for the line it starts with."""
@@ -157,7 +166,7 @@ class TrainingInputs(TrainingRun):
                 f"{options.batch_size} x {self.world.size} process(es), "
                 f"{'bfloat16 mixed' if self.bf16 else 'float32'} precision")
         if self.vocabulary is not None:
-            line += f", softmax over the {len(self.vocabulary.ids)} most frequent reply tokens ({self.covered:.1%} of them)"
+            line += f", softmax over the {len(self.vocabulary.ids)} {self.vocabulary_source} ({self.covered:.1%} of the replies)"
         return line
 
 
@@ -165,7 +174,8 @@ class TrainingInputs(TrainingRun):
 def training_inputs(device: str | None, model: str | None, dtype: str, data: tuple[str, ...],
                     eval_data: tuple[str, ...], max_length: int, limit: int | None, precision: str,
                     batch_size: int, cache_states: str | None = None, train_vocab: int = 0,
-                    eval_fraction: float = 0.0, seed: int = 0, **_: Any) -> Iterator[TrainingInputs]:
+                    draft_vocab: str | None = None, eval_fraction: float = 0.0, seed: int = 0,
+                    **_: Any) -> Iterator[TrainingInputs]:
     """Join the process group (none for one process), load the target and the conversations,
     read their target states from ``cache_states`` (made first if need be), hold
     ``eval_fraction`` of them out and choose the training vocabulary; leave the group on the
@@ -187,9 +197,12 @@ def training_inputs(device: str | None, model: str | None, dtype: str, data: tup
         if eval_fraction:
             dataset, heldout = split_heldout(dataset, eval_fraction, seed)
         bf16 = every_rank(resolve_dtype(precision, world.device) == torch.bfloat16, world)
-        vocabulary, covered = training_vocabulary(examples, train_vocab, int(target.get_output_embeddings().weight.shape[0]))
+        vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        ranking = load_ranking(Path(draft_vocab), vocab_size) if draft_vocab else None
+        vocabulary, covered = training_vocabulary(examples, train_vocab, vocab_size, ranking)
         yield TrainingInputs(world, console, dataset, heldout, target=target, tokenizer=tokenizer, examples=examples, bf16=bf16,
-                             vocabulary=vocabulary, covered=covered)
+                             vocabulary=vocabulary, covered=covered,
+                             **({"vocabulary_source": f"first tokens of {draft_vocab}"} if ranking is not None else {}))
     finally:
         leave(world)
 

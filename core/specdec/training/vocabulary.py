@@ -43,11 +43,13 @@ def projection(head: torch.nn.Linear, vocabulary: TrainingVocabulary | None) -> 
     return lambda x: F.linear(x, weight, bias)
 
 
-def training_vocabulary(examples: list[Example], size: int, vocab_size: int) -> tuple[TrainingVocabulary | None, float]:
-    """The ``size`` most frequent reply tokens of the training conversations, and the share of
-    reply tokens they cover; ``None`` for the whole vocabulary (``size`` 0 or not smaller)."""
+def training_vocabulary(examples: list[Example], size: int, vocab_size: int,
+                        ranking: torch.Tensor | None = None) -> tuple[TrainingVocabulary | None, float]:
+    """The ``size`` most frequent reply tokens of the training conversations (or the first
+    ``size`` of ``ranking``, a draft vocabulary's token ids most used first), and the share of
+    their reply tokens they cover; ``None`` for the whole vocabulary (``size`` 0 or not smaller)."""
     if not size or size >= vocab_size:
         return None, 1.0
     assistant, every = token_counts(((e.input_ids, e.loss_mask) for e in examples), vocab_size)
-    kept = frequency_ranking(assistant, every)[:size]
+    kept = (frequency_ranking(assistant, every) if ranking is None else ranking)[:size]
     return TrainingVocabulary(kept, vocab_size), coverage(assistant, kept)

@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 
 from specdec import LLM, SamplingParams
 from specdec.cli.main import main
+from specdec.draft_vocab import load_ranking
+from specdec.testing.tiny import shuffled_ranking
 from specdec.testing.training import Interrupted, answered, interrupted_after_save, saved_target
 from specdec.training import ExampleDataset, FrozenTarget, World, load_examples
 from specdec_mlp_speculator import MLPSpeculator, SpeculatorSpec, load_speculator
@@ -77,6 +79,41 @@ def test_train_export_draft(files: dict, tied: bool, capsys: pytest.CaptureFixtu
         outputs = llm.generate(prompts, params)
     assert [o.token_ids for o in outputs] == expected
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+
+
+def test_train_over_a_draft_vocabulary(files: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--train-vocab`` with ``--draft-vocab``: the stages train over that ranking's first tokens
+    only (the optimizer holds their rows and one shared embedding row), the export is IBM's full
+    layout, and drafting over the same draft vocabulary leaves greedy output unchanged while drafts
+    are accepted."""
+    target = files["target"]
+    config = target.model.config
+    ranking = shuffled_ranking(config.vocab_size, tmp_path / "ranking.safetensors")
+    kept = load_ranking(ranking, config.vocab_size)[:30]
+    out = tmp_path / "compact"
+    assert main(train(files, out, "--epochs", "8", "--lr", "1e-2", "--warmup", "2", "--eval-data", files["data"],
+                      "--export-dtype", "float32", "--train-vocab", "30", "--draft-vocab", str(ranking))) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "softmax over the 30 first tokens of " in err, err  # then the path, which rich may wrap
+    state = torch.load(out / "training_state.pt", weights_only=False)
+    assert state["parameters"]["emb.0.weight"].shape[0] == 31 and state["parameters"]["head.0.weight"].shape[0] == 30
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["emb.0.weight"].shape[0] == config.vocab_size
+    outside = torch.ones(config.vocab_size, dtype=torch.bool)
+    outside[kept] = False
+    assert not weights["head.0.weight"][outside].any()
+
+    prompts = [{"prompt_token_ids": target.encode(t)} for t in ("the cat sat on", "hello world one two", "big red")]
+    params = SamplingParams(max_tokens=16)
+    with LLM(target.model, None, tokenizer=target.tokenizer) as plain:
+        expected = [o.token_ids for o in plain.generate(prompts, params)]
+    with LLM(target.model, {"method": "mlp_speculator", "model": str(out), "adaptive_draft_len": False,
+                            "draft_vocab": str(ranking), "draft_vocab_size": 30}, tokenizer=target.tokenizer) as llm:
+        outputs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
+    one_line_error(train(files, tmp_path / "o", "--draft-vocab", str(ranking)),
+                   "--draft-vocab: needs --train-vocab, the number of its tokens to train over", capsys)
 
 
 def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: pytest.CaptureFixture[str]) -> None:

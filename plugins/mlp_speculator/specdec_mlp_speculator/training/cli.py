@@ -20,6 +20,7 @@ from specdec.training import (
     training_inputs,
 )
 from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec, save_speculator
+from specdec_mlp_speculator.training.compact import CompactSpeculator
 from specdec_mlp_speculator.training.loop import (
     FitOptions,
     MLPSpeculatorTrainee,
@@ -52,17 +53,19 @@ def mlp_speculator(n_predict: int, inner_dim: int, tie_weights: bool, scale_inpu
         hidden = int(target.config.hidden_size)
         spec = SpeculatorSpec(hidden, inner_dim or hidden, n_predict, int(target.config.vocab_size), tie_weights,
                               scale_input, top_k)
-        saved = saved_state(output, common["resume"], speculator_shape(spec), describe_shape)
         torch.manual_seed(common["seed"])
-        speculator = MLPSpeculator(spec)
+        vocabulary = inputs.vocabulary
+        speculator = MLPSpeculator(spec) if vocabulary is None else CompactSpeculator(spec, vocabulary.ids)
+        saved = saved_state(output, common["resume"], speculator_shape(speculator.spec), describe_shape)
         speculator.reset_parameters()
         speculator = speculator.to(inputs.world.device)
+        exported = (lambda: speculator) if vocabulary is None else speculator.export
         options = fit_options(FitOptions, inputs, **common)
         inputs.console.print(f"training an MLP speculator of {n_predict} stages x {spec.inner_dim}"
                              f"{', tied' if tie_weights else ''}: {inputs.summary(options)}")
         export_dtype = common["export_dtype"]
-        run_training(MLPSpeculatorTrainee(speculator, FrozenTarget(target), options, inputs.vocabulary), inputs, options,
-                     output, saved, lambda: save_speculator(speculator, output, DTYPES[export_dtype]), "stage",
+        run_training(MLPSpeculatorTrainee(speculator, FrozenTarget(target), options, vocabulary), inputs, options,
+                     output, saved, lambda: save_speculator(exported(), output, DTYPES[export_dtype]), "stage",
                      _heldout_fields, _held_line, {}, common["data"], common["eval_data"])
         inputs.console.print(f"wrote the speculator ({export_dtype}) to {output}")
 

@@ -25,8 +25,9 @@ class FitOptions(TrainingOptions):
 
 
 class MLPSpeculatorTrainee:
-    """An MLP speculator as the core loop trains it: ``vocabulary`` narrows the training softmax
-    (held-out measurements take the whole vocabulary)."""
+    """An MLP speculator as the core loop trains it: with a ``vocabulary``, a
+    :class:`~specdec_mlp_speculator.training.compact.CompactSpeculator` over it, measured over it too
+    (a held-out token outside it counts as a miss)."""
 
     def __init__(self, speculator: MLPSpeculator, target: Callable[[dict[str, torch.Tensor]], torch.Tensor],
                  options: FitOptions, vocabulary: TrainingVocabulary | None = None) -> None:
@@ -46,13 +47,13 @@ class MLPSpeculatorTrainee:
                         bf16=self.options.bf16, vocabulary=self.vocabulary)
 
     def evaluate(self, dataset: torch.utils.data.Dataset, world: World) -> ChainEvaluation:
-        return evaluate(self.module, self.target, dataset, self.options, world)
+        return evaluate(self.module, self.target, dataset, self.options, world, self.vocabulary)
 
 
 def speculator_shape(spec: SpeculatorSpec) -> dict[str, Any]:
-    """What a resumed run must match: the stages, their width, tying and input scaling."""
+    """What a resumed run must match: the stages, their width, tying, input scaling and embedding rows."""
     return {"n_predict": spec.n_predict, "inner_dim": spec.inner_dim, "tie_weights": spec.tie_weights,
-            "scale_input": spec.scale_input}
+            "scale_input": spec.scale_input, "embedding_rows": spec.vocab_size}
 
 
 def describe_shape(shape: dict[str, Any]) -> str:
@@ -60,13 +61,16 @@ def describe_shape(shape: dict[str, Any]) -> str:
 
 
 def evaluate(speculator: MLPSpeculator, target: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-             dataset: torch.utils.data.Dataset, options: FitOptions, world: World) -> ChainEvaluation:
+             dataset: torch.utils.data.Dataset, options: FitOptions, world: World,
+             vocabulary: TrainingVocabulary | None = None) -> ChainEvaluation:
     """Per stage mean loss and top-1 accuracy over ``dataset`` (each rank a share, float32), and the
-    estimated acceptance length of greedy chain drafting over its replies."""
+    estimated acceptance length of greedy chain drafting over its replies; a speculator over a draft
+    ``vocabulary`` is measured over it (the losses and accuracies leave out the tokens outside it,
+    the chain walk counts them as misses)."""
     device = next(speculator.parameters()).device
 
     def score(batch: dict[str, torch.Tensor], mask: torch.Tensor) -> Scores:
         return mlp_loss(speculator, target(batch), batch["input_ids"].to(device), mask, options.decay, options.chunk,
-                        keep_hits=True)
+                        keep_hits=True, vocabulary=vocabulary)
 
     return evaluate_chain(score, speculator.spec.n_predict, dataset, options.batch_size, world, device)

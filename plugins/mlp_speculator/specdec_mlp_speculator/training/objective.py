@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.training import Scores, TrainingVocabulary, chained_loss, projection, shifted
+from specdec.training import Scores, TrainingVocabulary, chained_loss, shifted
 from specdec_mlp_speculator.speculator import MLPSpeculator
 
 
@@ -19,9 +19,15 @@ def mlp_loss(speculator: MLPSpeculator, hidden: torch.Tensor, input_ids: torch.T
              decay: float = 1.0, chunk: int = 1024, backward: bool = False, bf16: bool = False,
              keep_hits: bool = False, vocabulary: TrainingVocabulary | None = None) -> Scores:
     """Every stage's loss and top-1 hits over a right-padded batch (``hidden`` ``[B, T, hidden]``:
-    the target's final normed states, no gradient; the rest as :func:`~specdec.training.chained_loss`)."""
+    the target's final normed states, no gradient; the rest as :func:`~specdec.training.chained_loss`).
+    With a ``vocabulary`` the speculator is a
+    :class:`~specdec_mlp_speculator.training.compact.CompactSpeculator` over exactly its tokens."""
+    narrowed = speculator.token_map
+    if (vocabulary is None) != (narrowed is None) or (
+            narrowed is not None and not torch.equal(vocabulary.ids.cpu(), narrowed.cpu())):
+        raise ValueError("a speculator over a draft vocabulary is scored over that vocabulary, and only such a one")
     return chained_loss(
         lambda k, state: speculator.advance(k, state, shifted(input_ids, k + 1)),
-        lambda k, states, rows: projection(speculator.head[k], vocabulary)(states),
+        lambda k, states, rows: speculator.head[k](states),
         speculator.first_state(hidden.float()), input_ids, loss_mask, speculator.spec.n_predict, decay, chunk,
         backward, bf16, keep_hits, vocabulary)
