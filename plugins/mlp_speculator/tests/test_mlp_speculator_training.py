@@ -1,6 +1,8 @@
 """`specdec train mlp-speculator` end to end on a tiny target and its own answers: the held-out
 loss falls and the chain estimate rises, the export in IBM's layout drafts without changing greedy
-output, tied stages train and export, a resumed run equals an uninterrupted one, bad input is one line."""
+output, tied stages train and export, a compact speculator trains over a draft vocabulary and exports the
+full layout, a second stage starts from the first, a resumed run equals an uninterrupted one, bad
+input is one line."""
 
 from __future__ import annotations
 
@@ -114,6 +116,34 @@ def test_train_over_a_draft_vocabulary(files: dict, tmp_path: Path, capsys: pyte
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
     one_line_error(train(files, tmp_path / "o", "--draft-vocab", str(ranking)),
                    "--draft-vocab: needs --train-vocab, the number of its tokens to train over", capsys)
+
+
+def test_second_stage_starts_from_the_first(files: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--init-from`` (IBM's second stage) starts from the named speculator, its shape and all, over
+    the whole vocabulary or narrowed to a draft vocabulary; a shape option beside it is refused."""
+    config = files["target"].model.config
+    first = tmp_path / "first"
+    assert main(train(files, first, "--max-steps", "4", "--export-dtype", "float32", "--n-predict", "2",
+                      "--top-k-tokens-per-head", "2,1")) == 0
+    before = load_file(str(first / "model.safetensors"))
+    ranking = shuffled_ranking(config.vocab_size, tmp_path / "ranking.safetensors")
+    kept = load_ranking(ranking, config.vocab_size)[:30]
+    still = ("--max-steps", "1", "--lr", "1e-12", "--export-dtype", "float32", "--init-from", str(first))
+    for name, extra in (("whole", ()), ("narrowed", ("--train-vocab", "30", "--draft-vocab", str(ranking)))):
+        out = tmp_path / name
+        assert main(["train", "mlp-speculator", "--model", files["target_dir"], "--dtype", "float32", "--data", files["data"],
+                     "--output", str(out), "--precision", "float32", *still, *extra]) == 0
+        assert f"training an MLP speculator of 2 stages x 64 from {first}" in " ".join(capsys.readouterr().err.split())
+        after = load_file(str(out / "model.safetensors"))
+        assert after.keys() == before.keys()
+        rows = kept if extra else slice(None)
+        for key in after:
+            sliced = key.startswith(("emb.", "head."))
+            torch.testing.assert_close(after[key][rows] if sliced else after[key], before[key][rows] if sliced else before[key],
+                                       atol=1e-6, rtol=0)
+    one_line_error(train(files, tmp_path / "o", "--init-from", str(first), "--n-predict", "2"),
+                   "--init-from: the speculator it names sets the shape; leave out --n-predict, --top-k-tokens-per-head",
+                   capsys)
 
 
 def test_resume_takes_the_steps_an_uninterrupted_run_takes(files: dict, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import torch
 
-from specdec import ConfigError
+from specdec import ConfigError, ModelLoadError
 from specdec.training import (
     DTYPES,
     STATE_FILE,
@@ -19,7 +19,7 @@ from specdec.training import (
     trainer_options,
     training_inputs,
 )
-from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec, save_speculator
+from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec, load_speculator, save_speculator
 from specdec_mlp_speculator.training.compact import CompactSpeculator
 from specdec_mlp_speculator.training.loop import (
     FitOptions,
@@ -27,6 +27,9 @@ from specdec_mlp_speculator.training.loop import (
     describe_shape,
     speculator_shape,
 )
+
+
+_SHAPE_OPTIONS = ("n_predict", "inner_dim", "tie_weights", "scale_input", "top_k_tokens_per_head")
 
 
 @click.command("mlp-speculator")
@@ -42,32 +45,60 @@ from specdec_mlp_speculator.training.loop import (
               help="Stage 0 reads the target's state RMS-normalised and divided by sqrt(2).")
 @click.option("--top-k-tokens-per-head", default="4,3,2", show_default=True,
               help="Written to config.json: the draft tree's branching per stage (one count per stage, comma-separated).")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Start from the speculator in this directory (IBM's layout: a first stage's --output, or a "
+                   "published accelerator) instead of from IBM's initialisation; it sets the shape, which the shape "
+                   "options must then leave at their defaults. IBM's second stage: this with --data of the "
+                   "target's own generations (`specdec synthesize`).")
 def mlp_speculator(n_predict: int, inner_dim: int, tie_weights: bool, scale_input: bool, top_k_tokens_per_head: str,
-                   **common) -> None:
-    """Train an MLP speculator (IBM's first stage: the target frozen) on conversations the target answered."""
+                   init_from: str | None, **common) -> None:
+    """Train an MLP speculator on a frozen target from conversations (IBM's first stage), or go on
+    from one on the target's own generations (``--init-from``: the second)."""
+    if init_from is not None:
+        _check_shape_options_left_out()
     check_options({"n-predict": n_predict}, **common)
     top_k = _top_k(top_k_tokens_per_head, n_predict)
     output = common["output"]
     with training_inputs(**common) as inputs:
         target = inputs.target
         hidden = int(target.config.hidden_size)
-        spec = SpeculatorSpec(hidden, inner_dim or hidden, n_predict, int(target.config.vocab_size), tie_weights,
-                              scale_input, top_k)
         torch.manual_seed(common["seed"])
-        vocabulary = inputs.vocabulary
-        speculator = MLPSpeculator(spec) if vocabulary is None else CompactSpeculator(spec, vocabulary.ids)
+        if init_from is None:
+            start = MLPSpeculator(SpeculatorSpec(hidden, inner_dim or hidden, n_predict, int(target.config.vocab_size),
+                                                 tie_weights, scale_input, top_k))
+            start.reset_parameters()
+        else:
+            start = _initial(init_from, hidden, int(target.config.vocab_size))
+        spec, vocabulary = start.spec, inputs.vocabulary
+        speculator = start if vocabulary is None else CompactSpeculator.narrowed(start, vocabulary.ids)
         saved = saved_state(output, common["resume"], speculator_shape(speculator.spec), describe_shape)
-        speculator.reset_parameters()
-        speculator = speculator.to(inputs.world.device)
+        speculator = speculator.float().to(inputs.world.device)
         exported = (lambda: speculator) if vocabulary is None else speculator.export
         options = fit_options(FitOptions, inputs, **common)
-        inputs.console.print(f"training an MLP speculator of {n_predict} stages x {spec.inner_dim}"
-                             f"{', tied' if tie_weights else ''}: {inputs.summary(options)}")
+        inputs.console.print(f"training an MLP speculator of {spec.n_predict} stages x {spec.inner_dim}"
+                             f"{', tied' if spec.tie_weights else ''}{f' from {init_from}' if init_from else ''}: "
+                             f"{inputs.summary(options)}")
         export_dtype = common["export_dtype"]
         run_training(MLPSpeculatorTrainee(speculator, FrozenTarget(target), options, vocabulary), inputs, options,
                      output, saved, lambda: save_speculator(exported(), output, DTYPES[export_dtype]), "stage",
                      _heldout_fields, _held_line, {}, common["data"], common["eval_data"])
         inputs.console.print(f"wrote the speculator ({export_dtype}) to {output}")
+
+
+def _check_shape_options_left_out() -> None:
+    context = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in _SHAPE_OPTIONS
+             if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given:
+        raise ConfigError(f"--init-from: the speculator it names sets the shape; leave out {', '.join(given)}")
+
+
+def _initial(directory: str, hidden_size: int, vocab_size: int) -> MLPSpeculator:
+    """The speculator ``--init-from`` names, as a one-line error when it does not load."""
+    try:
+        return load_speculator(directory, hidden_size, vocab_size)
+    except (ConfigError, ModelLoadError) as error:
+        raise ConfigError(f"--init-from: {error}") from None
 
 
 def _top_k(text: str, n_predict: int) -> list[int]:

@@ -39,6 +39,25 @@ class CompactSpeculator(MLPSpeculator):
         self.register_buffer("rows", rows, persistent=False)
         self.token_map = ids
 
+    @classmethod
+    @torch.no_grad()
+    def narrowed(cls, full: MLPSpeculator, ids: torch.Tensor) -> CompactSpeculator:
+        """``full`` over the vocabulary ``ids``: their output and embedding rows, and as the shared
+        embedding row the mean of the others."""
+        compact = cls(full.spec, ids)
+        ids, rows = compact.token_map, compact.rows
+        others = rows == len(ids)
+        theirs = dict(full.named_parameters(remove_duplicate=False))
+        for name, parameter in compact.named_parameters(remove_duplicate=False):
+            source = theirs[name].to(parameter.dtype).cpu()
+            if name.startswith("emb."):
+                parameter.copy_(torch.cat([source[ids], source[others].mean(0, keepdim=True)]))
+            elif name.startswith("head."):
+                parameter.copy_(source[ids])
+            else:
+                parameter.copy_(source)
+        return compact
+
     def advance(self, stage: int, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return super().advance(stage, state, self.rows[tokens])
 
