@@ -174,13 +174,13 @@ def describe_shape(shape: dict[str, Any]) -> str:
 
 
 def fit(head: Eagle3Head, source: Any, dataset: torch.utils.data.Dataset, options: FitOptions, world: World,
-        on_step: Callable[[StepReport], None] | None = None, on_save: Callable[[Position], None] | None = None,
-        heldout: torch.utils.data.Dataset | None = None, state_dir: str | None = None,
-        resume: dict[str, Any] | None = None) -> Position:
-    """Train ``head`` in place on the core loop (:func:`specdec.training.fit`: resumable, held-out
-    measurements and save points at each epoch's end, every ``options.eval_every`` /
-    ``options.save_every`` step and the last); where it stopped. The head is left in eval mode."""
-    at = train(Eagle3Trainee(head, source, options), dataset, options, world, state_dir, resume, on_step, on_save, heldout)
+        on_step: Callable[[StepReport], None] | None = None,
+        heldout: torch.utils.data.Dataset | None = None) -> Position:
+    """Train ``head`` in place on the core loop (:func:`specdec.training.fit`; held-out
+    measurements at each epoch's end, every ``options.eval_every`` step and the last), without
+    saving; where it stopped. The head is left in eval mode. (`specdec train eagle3 fit` saves and
+    resumes through the core's ``run_training``.)"""
+    at = train(Eagle3Trainee(head, source, options), dataset, options, world, None, None, on_step, None, heldout)
     head.eval()
     return at
 
