@@ -23,13 +23,19 @@ last committed token)::
 with ``state_weight = 0.5 ** (0.5 / n_predict)`` and ``emb_weight = sqrt((1 - state_weight^2) *
 inner_dim / 2)``. With ``scale_input`` the first state is ``ln0(hidden) / sqrt(2)``, an ``ln``
 without weight or bias.
+
+**Compact checkpoints** (specdec's own, for a speculator trained over a draft vocabulary: see
+:class:`CompactSpeculator`): ``config.json`` adds ``draft_vocab_size`` ``V``, and the weights hold
+``token_ids`` [V] (the vocabulary's target ids, ascending), ``head.{i}.weight`` [V, inner] and
+``emb.{i}.weight`` [V + 1, inner], whose last row every other token reads. Loading one gives the
+speculator IBM's full layout would hold, a sixth of the size on disk; vLLM does not read it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -55,6 +61,8 @@ class SpeculatorSpec:
     tie_weights: bool = False
     scale_input: bool = False
     top_k_tokens_per_head: list[int] = field(default_factory=list)
+    #: A compact checkpoint's draft vocabulary (module docstring); 0 for IBM's full layout.
+    draft_vocab_size: int = 0
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
@@ -129,6 +137,71 @@ class MLPSpeculator(nn.Module):
                 nn.init.zeros_(module.bias)
 
 
+class CompactSpeculator(MLPSpeculator):
+    """An MLP speculator of ``spec`` over a draft vocabulary, the target ids ``ids``: its output
+    layers hold their rows only (``token_map``), its embeddings theirs and one row that every
+    other id shares (stage 0 reads the last committed token, which can be any).
+
+    A stage's embedding and output layer are ``vocab x inner`` each, for SmolLM2 two 49,152-row
+    matrices that dwarf the rest. Trained over the 8,192 tokens it will draft over, a speculator
+    needs only their rows: the optimizer steps a sixth of the weights, and the compact checkpoint
+    is a sixth of the size. :meth:`export` gives the same speculator in IBM's full layout: the
+    embedding rows outside the vocabulary are the shared one and the output rows zero, so drafting
+    over the same draft vocabulary drafts exactly as this one does (over the whole vocabulary,
+    the other tokens score 0)."""
+
+    def __init__(self, spec: SpeculatorSpec, ids: torch.Tensor) -> None:
+        ids = ids.sort().values.cpu()
+        super().__init__(replace(spec, vocab_size=len(ids) + 1))
+        self.full_spec = spec
+        heads = {id(head): nn.Linear(spec.inner_dim, len(ids), bias=False) for head in self.head}
+        self.head = nn.ModuleList(heads[id(head)] for head in self.head)  # tied stages keep one head
+        rows = torch.full((spec.vocab_size,), len(ids), dtype=torch.long)
+        rows[ids] = torch.arange(len(ids))
+        #: Each target id's embedding row.
+        self.register_buffer("rows", rows, persistent=False)
+        self.token_map = ids
+
+    @classmethod
+    @torch.no_grad()
+    def narrowed(cls, full: MLPSpeculator, ids: torch.Tensor) -> CompactSpeculator:
+        """``full`` over the vocabulary ``ids``: their output and embedding rows, and as the shared
+        embedding row the mean of the others."""
+        compact = cls(full.spec, ids)
+        ids, rows = compact.token_map, compact.rows
+        others = rows == len(ids)
+        theirs = dict(full.named_parameters(remove_duplicate=False))
+        for name, parameter in compact.named_parameters(remove_duplicate=False):
+            source = theirs[name].to(parameter.dtype).cpu()
+            if name.startswith("emb."):
+                parameter.copy_(torch.cat([source[ids], source[others].mean(0, keepdim=True)]))
+            elif name.startswith("head."):
+                parameter.copy_(source[ids])
+            else:
+                parameter.copy_(source)
+        return compact
+
+    def advance(self, stage: int, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return super().advance(stage, state, self.rows[tokens])
+
+    @torch.no_grad()
+    def export(self) -> MLPSpeculator:
+        """The same speculator over the whole vocabulary, in IBM's layout (class docstring)."""
+        full = MLPSpeculator(self.full_spec).to(self.rows.device)
+        ids = self.token_map.to(self.rows.device)
+        mine = dict(self.named_parameters(remove_duplicate=False))
+        for name, parameter in full.named_parameters(remove_duplicate=False):
+            source = mine[name]
+            if name.startswith("emb."):
+                parameter.copy_(source[self.rows])
+            elif name.startswith("head."):
+                parameter.zero_()
+                parameter[ids] = source
+            else:
+                parameter.copy_(source)
+        return full.eval()
+
+
 def read_spec(directory: Path) -> SpeculatorSpec:
     path = directory / "config.json"
     try:
@@ -157,8 +230,11 @@ def read_spec(directory: Path) -> SpeculatorSpec:
     for name in ("tie_weights", "scale_input"):
         if not isinstance(config.get(name, False), bool):
             raise ConfigError(f"{name}: must be true or false in {path}, got {config[name]!r}")
+    draft = config.get("draft_vocab_size", 0)
+    if not isinstance(draft, int) or not 0 <= draft < config["vocab_size"]:
+        raise ConfigError(f"draft_vocab_size: must be an integer from 0 to below vocab_size in {path}, got {draft!r}")
     return SpeculatorSpec(config["emb_dim"], inner or config["emb_dim"], config["n_predict"], config["vocab_size"],
-                          config.get("tie_weights", False), config.get("scale_input", False), top_k)
+                          config.get("tie_weights", False), config.get("scale_input", False), top_k, draft)
 
 
 def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
@@ -179,7 +255,8 @@ def load_speculator(source: str | Path, hidden_size: int, vocab_size: int) -> ML
     if spec.vocab_size != vocab_size:
         raise ConfigError(f"vocab_size: the speculator's is {spec.vocab_size}, the target's {vocab_size}")
     tensors = _read_tensors(directory)
-    model = MLPSpeculator(spec)
+    model = MLPSpeculator(spec) if not spec.draft_vocab_size else \
+        CompactSpeculator(replace(spec, draft_vocab_size=0), _token_ids(tensors, spec, directory))
     with torch.no_grad():
         for name, parameter in model.named_parameters(remove_duplicate=False):
             tensor = tensors.get(name)
@@ -190,7 +267,20 @@ def load_speculator(source: str | Path, hidden_size: int, vocab_size: int) -> ML
             if tensor.shape != parameter.shape:
                 raise ModelLoadError(f"{name}: shape {list(tensor.shape)} in {directory}, expected {list(parameter.shape)}")
             parameter.copy_(tensor)
-    return model.eval()
+    return (model.export() if isinstance(model, CompactSpeculator) else model).eval()
+
+
+def _token_ids(tensors: dict[str, torch.Tensor], spec: SpeculatorSpec, directory: Path) -> torch.Tensor:
+    """A compact checkpoint's draft vocabulary, checked."""
+    ids = tensors.get("token_ids")
+    if ids is None:
+        raise ModelLoadError(f"token_ids: missing from the speculator's weights in {directory} (draft_vocab_size is set)")
+    ids = ids.long()
+    if ids.shape != (spec.draft_vocab_size,) or not bool((ids[1:] > ids[:-1]).all()) or \
+            int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size:
+        raise ModelLoadError(f"token_ids: must be {spec.draft_vocab_size} ascending token ids below {spec.vocab_size} "
+                             f"in {directory}")
+    return ids
 
 
 def _first_tied_name(name: str) -> str:
@@ -202,13 +292,19 @@ def _first_tied_name(name: str) -> str:
 
 def save_speculator(model: MLPSpeculator, directory: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write ``model`` in IBM's layout: ``config.json`` and ``model.safetensors`` with every stage's
-    tensors (tied ones under each stage's name), cast to ``dtype``."""
+    tensors (tied ones under each stage's name), cast to ``dtype``; a :class:`CompactSpeculator`
+    as a compact checkpoint (module docstring)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator", **asdict(model.spec),
+    compact = isinstance(model, CompactSpeculator)
+    spec = replace(model.full_spec, draft_vocab_size=len(model.token_map)) if compact else model.spec
+    fields = {k: v for k, v in asdict(spec).items() if k != "draft_vocab_size" or v}
+    config = {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator", **fields,
               "torch_dtype": str(dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = {name: p.detach().to(dtype).cpu().clone().contiguous()
                for name, p in model.named_parameters(remove_duplicate=False)}
+    if compact:
+        tensors["token_ids"] = model.token_map.to(torch.int64).cpu().contiguous()
     save_file(tensors, directory / "model.safetensors")
     return directory

@@ -1,13 +1,18 @@
 """A speculator trained over a draft vocabulary (:class:`CompactSpeculator`) exports to IBM's
 full layout without changing a draft: narrowed to the same tokens, the export computes exactly
-what the compact speculator computes, for every token it may read."""
+what the compact speculator computes, for every token it may read. Its compact checkpoint loads
+as that export."""
 
 from __future__ import annotations
 
-import torch
+import json
 
-from specdec_mlp_speculator import SpeculatorSpec
-from specdec_mlp_speculator.training.compact import CompactSpeculator
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdec import ConfigError, ModelLoadError
+from specdec_mlp_speculator import CompactSpeculator, SpeculatorSpec, load_speculator, save_speculator
 
 VOCAB, HIDDEN, INNER = 50, 12, 16
 
@@ -36,3 +41,27 @@ def test_export_narrowed_to_the_vocabulary_drafts_as_the_compact_speculator() ->
                 theirs, exported = full.step(stage, theirs, tokens)
                 assert torch.equal(logits, exported) and torch.equal(mine, theirs)
                 tokens = full.token_map[logits.argmax(-1)]
+
+
+def test_compact_checkpoint_loads_as_the_full_export(tmp_path) -> None:
+    """Saved compact (its rows and token ids, a sixth of IBM's layout here), the speculator loads
+    as its full export; a compact checkpoint with bad token ids or size is a one-line error."""
+    torch.manual_seed(0)
+    compact = CompactSpeculator(SpeculatorSpec(HIDDEN, INNER, 3, VOCAB, True, True, [2, 2, 1]), torch.randperm(VOCAB)[:20])
+    compact.reset_parameters()
+    directory = save_speculator(compact, tmp_path / "compact")
+    config = json.loads((directory / "config.json").read_text())
+    tensors = load_file(str(directory / "model.safetensors"))
+    assert config["draft_vocab_size"] == 20 and config["vocab_size"] == VOCAB
+    assert tensors["emb.0.weight"].shape == (21, INNER) and tensors["token_ids"].tolist() == compact.token_map.tolist()
+    loaded, full = load_speculator(directory, HIDDEN, VOCAB), compact.export()
+    assert loaded.state_dict().keys() == full.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), full.state_dict().values()))
+    assert "draft_vocab_size" not in json.loads((save_speculator(full, tmp_path / "full") / "config.json").read_text())
+
+    save_file({**tensors, "token_ids": tensors["token_ids"].flip(0).contiguous()}, str(directory / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match=r"^token_ids: must be 20 ascending token ids below 50"):
+        load_speculator(directory, HIDDEN, VOCAB)
+    (directory / "config.json").write_text(json.dumps({**config, "draft_vocab_size": VOCAB}))
+    with pytest.raises(ConfigError, match=r"^draft_vocab_size: must be an integer from 0 to below vocab_size"):
+        load_speculator(directory, HIDDEN, VOCAB)

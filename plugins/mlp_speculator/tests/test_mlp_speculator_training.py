@@ -87,7 +87,7 @@ def test_train_over_a_draft_vocabulary(files: dict, tmp_path: Path, capsys: pyte
     """``--train-vocab`` with ``--draft-vocab``: the stages train over that ranking's first tokens
     only (the optimizer holds their rows and one shared embedding row), the export is IBM's full
     layout, and drafting over the same draft vocabulary leaves greedy output unchanged while drafts
-    are accepted."""
+    are accepted; ``--compact-export`` writes the same speculator as a compact checkpoint."""
     target = files["target"]
     config = target.model.config
     ranking = shuffled_ranking(config.vocab_size, tmp_path / "ranking.safetensors")
@@ -114,8 +114,19 @@ def test_train_over_a_draft_vocabulary(files: dict, tmp_path: Path, capsys: pyte
         outputs = llm.generate(prompts, params)
     assert [o.token_ids for o in outputs] == expected
     assert sum(o.metrics.num_accepted_tokens for o in outputs) > 0
-    one_line_error(train(files, tmp_path / "o", "--draft-vocab", str(ranking)),
-                   "--draft-vocab: needs --train-vocab, the number of its tokens to train over", capsys)
+
+    # The finished run exported again as a compact checkpoint: its 30 rows, the same speculator.
+    full = load_speculator(out, config.hidden_size, config.vocab_size)
+    assert main(train(files, out, "--epochs", "8", "--lr", "1e-2", "--warmup", "2", "--eval-data", files["data"],
+                      "--export-dtype", "float32", "--train-vocab", "30", "--draft-vocab", str(ranking), "--resume",
+                      "--compact-export")) == 0
+    assert load_file(str(out / "model.safetensors"))["head.0.weight"].shape[0] == 30
+    loaded = load_speculator(out, config.hidden_size, config.vocab_size)
+    assert all(torch.equal(a, b) for a, b in zip(full.state_dict().values(), loaded.state_dict().values()))
+    capsys.readouterr()
+    for extra, message in ((["--draft-vocab", str(ranking)], "--draft-vocab: needs --train-vocab, the number of its tokens"),
+                           (["--compact-export"], "--compact-export: needs --train-vocab, the draft vocabulary it keeps")):
+        one_line_error(train(files, tmp_path / "o", *extra), message, capsys)
 
 
 def test_second_stage_starts_from_the_first(files: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,8 +19,7 @@ from specdec.training import (
     trainer_options,
     training_inputs,
 )
-from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec, load_speculator, save_speculator
-from specdec_mlp_speculator.training.compact import CompactSpeculator
+from specdec_mlp_speculator.speculator import CompactSpeculator, MLPSpeculator, SpeculatorSpec, load_speculator, save_speculator
 from specdec_mlp_speculator.training.loop import (
     FitOptions,
     MLPSpeculatorTrainee,
@@ -50,13 +49,19 @@ _SHAPE_OPTIONS = ("n_predict", "inner_dim", "tie_weights", "scale_input", "top_k
                    "published accelerator) instead of from IBM's initialisation; it sets the shape, which the shape "
                    "options must then leave at their defaults. IBM's second stage: this with --data of the "
                    "target's own generations (`specdec synthesize`).")
+@click.option("--compact-export", is_flag=True,
+              help="With --train-vocab: write a compact checkpoint (only the draft vocabulary's rows and their token "
+                   "ids, a sixth of the size for SmolLM2), which specdec loads and vLLM does not, instead of IBM's "
+                   "full layout.")
 def mlp_speculator(n_predict: int, inner_dim: int, tie_weights: bool, scale_input: bool, top_k_tokens_per_head: str,
-                   init_from: str | None, **common) -> None:
+                   init_from: str | None, compact_export: bool, **common) -> None:
     """Train an MLP speculator on a frozen target from conversations (IBM's first stage), or go on
     from one on the target's own generations (``--init-from``: the second)."""
     if init_from is not None:
         _check_shape_options_left_out()
     check_options({"n-predict": n_predict}, **common)
+    if compact_export and not common["train_vocab"]:
+        raise ConfigError("--compact-export: needs --train-vocab, the draft vocabulary it keeps")
     top_k = _top_k(top_k_tokens_per_head, n_predict)
     output = common["output"]
     with training_inputs(**common) as inputs:
@@ -73,7 +78,7 @@ def mlp_speculator(n_predict: int, inner_dim: int, tie_weights: bool, scale_inpu
         speculator = start if vocabulary is None else CompactSpeculator.narrowed(start, vocabulary.ids)
         saved = saved_state(output, common["resume"], speculator_shape(speculator.spec), describe_shape)
         speculator = speculator.float().to(inputs.world.device)
-        exported = (lambda: speculator) if vocabulary is None else speculator.export
+        exported = (lambda: speculator) if vocabulary is None or compact_export else speculator.export
         options = fit_options(FitOptions, inputs, **common)
         inputs.console.print(f"training an MLP speculator of {spec.n_predict} stages x {spec.inner_dim}"
                              f"{', tied' if spec.tie_weights else ''}{f' from {init_from}' if init_from else ''}: "

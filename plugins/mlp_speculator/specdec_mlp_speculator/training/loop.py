@@ -26,7 +26,7 @@ class FitOptions(TrainingOptions):
 
 class MLPSpeculatorTrainee:
     """An MLP speculator as the core loop trains it: with a ``vocabulary``, a
-    :class:`~specdec_mlp_speculator.training.compact.CompactSpeculator` over it, measured over it too
+    :class:`~specdec_mlp_speculator.speculator.CompactSpeculator` over it, measured over it too
     (a held-out token outside it counts as a miss)."""
 
     def __init__(self, speculator: MLPSpeculator, target: Callable[[dict[str, torch.Tensor]], torch.Tensor],

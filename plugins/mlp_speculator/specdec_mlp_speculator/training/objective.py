@@ -21,7 +21,7 @@ def mlp_loss(speculator: MLPSpeculator, hidden: torch.Tensor, input_ids: torch.T
     """Every stage's loss and top-1 hits over a right-padded batch (``hidden`` ``[B, T, hidden]``:
     the target's final normed states, no gradient; the rest as :func:`~specdec.training.chained_loss`).
     With a ``vocabulary`` the speculator is a
-    :class:`~specdec_mlp_speculator.training.compact.CompactSpeculator` over exactly its tokens."""
+    :class:`~specdec_mlp_speculator.speculator.CompactSpeculator` over exactly its tokens."""
     narrowed = speculator.token_map
     if (vocabulary is None) != (narrowed is None) or (
             narrowed is not None and not torch.equal(vocabulary.ids.cpu(), narrowed.cpu())):
