@@ -27,7 +27,8 @@ without weight or bias.
 **Compact checkpoints** (specdec's own, for a speculator trained over a draft vocabulary: see
 :class:`CompactSpeculator`): ``config.json`` adds ``draft_vocab_size`` ``V``, and the weights hold
 ``token_ids`` [V] (the vocabulary's target ids, ascending), ``head.{i}.weight`` [V, inner] and
-``emb.{i}.weight`` [V + 1, inner], whose last row every other token reads. Loading one gives the
+``emb.{i}.weight`` [V + 1, inner], whose last row every other token reads, each tied tensor once
+(under its first stage's name). Loading one gives the
 speculator IBM's full layout would hold, a sixth of the size on disk; vLLM does not read it.
 """
 
@@ -293,7 +294,7 @@ def _first_tied_name(name: str) -> str:
 def save_speculator(model: MLPSpeculator, directory: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Write ``model`` in IBM's layout: ``config.json`` and ``model.safetensors`` with every stage's
     tensors (tied ones under each stage's name), cast to ``dtype``; a :class:`CompactSpeculator`
-    as a compact checkpoint (module docstring)."""
+    as a compact checkpoint (module docstring), each tied tensor once."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     compact = isinstance(model, CompactSpeculator)
@@ -303,7 +304,7 @@ def save_speculator(model: MLPSpeculator, directory: str | Path, dtype: torch.dt
               "torch_dtype": str(dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tensors = {name: p.detach().to(dtype).cpu().clone().contiguous()
-               for name, p in model.named_parameters(remove_duplicate=False)}
+               for name, p in model.named_parameters(remove_duplicate=compact)}  # compact: tied tensors once
     if compact:
         tensors["token_ids"] = model.token_map.to(torch.int64).cpu().contiguous()
     save_file(tensors, directory / "model.safetensors")

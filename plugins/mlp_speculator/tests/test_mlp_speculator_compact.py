@@ -54,6 +54,7 @@ def test_compact_checkpoint_loads_as_the_full_export(tmp_path) -> None:
     tensors = load_file(str(directory / "model.safetensors"))
     assert config["draft_vocab_size"] == 20 and config["vocab_size"] == VOCAB
     assert tensors["emb.0.weight"].shape == (21, INNER) and tensors["token_ids"].tolist() == compact.token_map.tolist()
+    assert "emb.1.weight" not in tensors and "proj.2.weight" not in tensors  # tied tensors once
     loaded, full = load_speculator(directory, HIDDEN, VOCAB), compact.export()
     assert loaded.state_dict().keys() == full.state_dict().keys()
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), full.state_dict().values()))
