@@ -22,7 +22,10 @@ class MLPSpeculatorDecodingConfig(DraftingConfig, DraftVocabularyConfig):
     speculative_model: str | None = Field(
         default=None,
         validation_alias=AliasChoices("speculative_model", "speculative_model_dir", "model"),
-        description="The speculator: a local directory in IBM's layout (config.json with `model_type: mlp_speculator`).",
+        description=(
+            "The speculator: a local directory in IBM's layout (config.json with `model_type: mlp_speculator`) or "
+            "a compact checkpoint. Unset with the default target: the speculator shipped for it."
+        ),
     )
     top_k_tokens_per_head: list[int] | None = Field(
         default=None,

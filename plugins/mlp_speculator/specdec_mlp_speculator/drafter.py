@@ -19,6 +19,8 @@ and the token chosen there.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specdec import (
@@ -28,6 +30,8 @@ from specdec import (
     Request,
     TargetContext,
     draft_vocabulary,
+    drafter_checkpoint,
+    is_default_model,
     pick_drafts,
     prepack_linears,
 )
@@ -35,15 +39,19 @@ from specdec_mlp_speculator.config import MLPSpeculatorDecodingConfig
 from specdec_mlp_speculator.speculator import load_speculator
 
 
+#: The speculator trained for the default target (``specdec train mlp-speculator``; docs/mlp-speculator.md has
+#: the recipe). It was trained over the shipped draft vocabulary, which it drafts over unless told otherwise.
+SHIPPED_SPECULATOR = Path(__file__).resolve().parent / "weights" / "smollm2-mlp-speculator"
+
+
 class MLPSpeculatorResources(LastStateResources):
     """The loaded speculator and each request's stage-0 hidden state in ``request.method_state``."""
 
     def __init__(self, config: MLPSpeculatorDecodingConfig, target: TargetContext) -> None:
         super().__init__(target)
-        if config.speculative_model is None:
-            raise ConfigError("speculative_model: required (a directory in IBM's MLP speculator layout); "
-                              "none ships for the default target yet")
-        model = load_speculator(config.speculative_model, int(target.model.config.hidden_size), target.vocab_size)
+        source = drafter_checkpoint(config.speculative_model, target.model, SHIPPED_SPECULATOR, "an MLP speculator",
+                                    "specdec-plugin-mlp-speculator")
+        model = load_speculator(source, int(target.model.config.hidden_size), target.vocab_size)
         spec = model.spec
         if config.max_draft_len > spec.n_predict:
             raise ConfigError(f"num_speculative_tokens: {config.max_draft_len} exceeds the speculator's n_predict "
@@ -56,7 +64,7 @@ class MLPSpeculatorResources(LastStateResources):
         self.top_k = top_k[: self.depth]
         self.model = model.to(target.device, target.dtype)
         prepack_linears(self.model)
-        kept = draft_vocabulary(config, target, shipped=False)
+        kept = draft_vocabulary(config, target, shipped=not config.speculative_model and is_default_model(target.model))
         if kept is not None:
             self.model.narrow_vocabulary(kept)
         self.vocab_size = target.vocab_size
