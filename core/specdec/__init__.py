@@ -10,7 +10,7 @@ from specdec.attention import grouped_query_attention
 from specdec.builtin.user_provided import UserProvidedDecodingConfig
 from specdec.config import DraftingConfig, PlainDecodingConfig, SpeculativeConfig
 from specdec.draft_pick import pick_drafts
-from specdec.draft_vocab import (DraftVocabularyConfig, draft_ranking, draft_vocabulary, full_logits, kept_rows,
+from specdec.draft_vocab import (DraftVocabularyConfig, compact_token_ids, draft_ranking, draft_vocabulary, full_logits, kept_rows,
                                  trim_output_layer, trimmed_projection)
 from specdec.errors import (ConfigError, ModelLoadError, PluginError, QueueFullError, RequestFailedError, SpecdecError,
                             UnknownMethodError)
@@ -77,6 +77,7 @@ __all__ = [
     "cache_dir",
     "cache_keyword",
     "catch_up",
+    "compact_token_ids",
     "default_model_dir",
     "draft_ranking",
     "draft_vocabulary",

@@ -25,7 +25,7 @@ import torch
 from pydantic import BaseModel, Field
 from torch import nn
 
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, ModelLoadError
 from specdec.prepacked_linear import prepack_linears
 from specdec.resources import TargetContext
 
@@ -138,6 +138,20 @@ def kept_tokens(ranking: torch.Tensor, draft_vocab_size: int, source: str) -> to
     if draft_vocab_size > ranking.numel():
         raise ConfigError(f"draft_vocab_size: {draft_vocab_size} exceeds the {ranking.numel()} tokens ranked in {source}")
     return ranking[:draft_vocab_size].sort().values
+
+
+def compact_token_ids(tensors: dict[str, torch.Tensor], draft_vocab_size: int, vocab_size: int, where: object) -> torch.Tensor:
+    """The ``token_ids`` tensor of a compact checkpoint (a drafter trained over a draft vocabulary,
+    whose output rows stand for these target ids), checked: ``draft_vocab_size`` ascending ids
+    below ``vocab_size``. A missing or bad one is a one-line error naming ``token_ids`` and ``where``."""
+    ids = tensors.get("token_ids")
+    if ids is None:
+        raise ModelLoadError(f"token_ids: missing from the weights in {where} (draft_vocab_size is set)")
+    ids = ids.long()
+    if ids.shape != (draft_vocab_size,) or not bool((ids[1:] > ids[:-1]).all()) or \
+            int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ModelLoadError(f"token_ids: must be {draft_vocab_size} ascending token ids below {vocab_size} in {where}")
+    return ids
 
 
 def trimmed_projection(full: nn.Linear, kept: torch.Tensor) -> nn.Linear:

@@ -44,7 +44,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from specdec import ConfigError, ModelLoadError, trimmed_projection
+from specdec import ConfigError, ModelLoadError, compact_token_ids, trimmed_projection
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _IGNORED_FIELDS = {"architectures", "torch_dtype", "transformers_version", "n_candidates", "model_type"}
@@ -257,7 +257,8 @@ def load_speculator(source: str | Path, hidden_size: int, vocab_size: int) -> ML
         raise ConfigError(f"vocab_size: the speculator's is {spec.vocab_size}, the target's {vocab_size}")
     tensors = _read_tensors(directory)
     model = MLPSpeculator(spec) if not spec.draft_vocab_size else \
-        CompactSpeculator(replace(spec, draft_vocab_size=0), _token_ids(tensors, spec, directory))
+        CompactSpeculator(replace(spec, draft_vocab_size=0),
+                          compact_token_ids(tensors, spec.draft_vocab_size, spec.vocab_size, directory))
     with torch.no_grad():
         for name, parameter in model.named_parameters(remove_duplicate=False):
             tensor = tensors.get(name)
@@ -269,19 +270,6 @@ def load_speculator(source: str | Path, hidden_size: int, vocab_size: int) -> ML
                 raise ModelLoadError(f"{name}: shape {list(tensor.shape)} in {directory}, expected {list(parameter.shape)}")
             parameter.copy_(tensor)
     return (model.export() if isinstance(model, CompactSpeculator) else model).eval()
-
-
-def _token_ids(tensors: dict[str, torch.Tensor], spec: SpeculatorSpec, directory: Path) -> torch.Tensor:
-    """A compact checkpoint's draft vocabulary, checked."""
-    ids = tensors.get("token_ids")
-    if ids is None:
-        raise ModelLoadError(f"token_ids: missing from the speculator's weights in {directory} (draft_vocab_size is set)")
-    ids = ids.long()
-    if ids.shape != (spec.draft_vocab_size,) or not bool((ids[1:] > ids[:-1]).all()) or \
-            int(ids.min()) < 0 or int(ids.max()) >= spec.vocab_size:
-        raise ModelLoadError(f"token_ids: must be {spec.draft_vocab_size} ascending token ids below {spec.vocab_size} "
-                             f"in {directory}")
-    return ids
 
 
 def _first_tied_name(name: str) -> str:

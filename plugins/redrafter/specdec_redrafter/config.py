@@ -19,18 +19,25 @@ class ReDrafterDecodingConfig(DraftingConfig, DraftVocabularyConfig):
         validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens", "redrafter_draft_len_per_beam"),
         description=(
             "Draft tokens per beam (TensorRT-LLM `redrafter_draft_len_per_beam`; Apple's `beam_length` is one more, "
-            "as it counts the last committed token)."
+            "as it counts the last committed token). Unset: the drafter config's `redrafter_draft_len_per_beam` "
+            "where it has one, else 5."
         ),
     )
     redrafter_num_beams: int = Field(
         default=5, ge=1, le=64,
         validation_alias=AliasChoices("redrafter_num_beams", "beam_width"),
-        description="Beams the drafter's beam search keeps (TensorRT-LLM's name; Apple's `beam_width`).",
+        description=(
+            "Beams the drafter's beam search keeps (TensorRT-LLM's name; Apple's `beam_width`). Unset: the drafter "
+            "config's `redrafter_num_beams` where it has one, else 5."
+        ),
     )
     speculative_model: str | None = Field(
         default=None,
         validation_alias=AliasChoices("speculative_model", "speculative_model_dir", "model"),
-        description="The drafter: a local directory in apple/ml-recurrent-drafter's layout (config.json, model.safetensors).",
+        description=(
+            "The drafter: a local directory in apple/ml-recurrent-drafter's layout (config.json, model.safetensors). "
+            "Unset with the default target: the drafter shipped for it."
+        ),
     )
 
     @property

@@ -3,7 +3,9 @@
 ``config.json``: ``model_type: recurrent_drafting_drafter``, ``hidden_size`` (the target's, H),
 ``vocab_size`` (the target's), ``exit_dim`` (the MLP's width; Apple's trainer makes it 2H),
 ``num_draft_layers`` (residual blocks before the output layer) and ``rnn`` (a recurrent state, or
-a running sum of embeddings). ``num_lookback_tokens`` (never read by Apple's code), MLX's
+a running sum of embeddings); optionally ``redrafter_num_beams`` and ``redrafter_draft_len_per_beam``,
+the beam search the drafter is meant for (TensorRT-LLM's converted checkpoints carry them), which
+drafting uses unless its options say otherwise. ``num_lookback_tokens`` (never read by Apple's code), MLX's
 ``emb_norm`` and ``rms_norm_eps`` (its norm is never applied) and Hugging Face's bookkeeping are
 accepted and unused; any other field is an error naming it.
 
@@ -26,12 +28,18 @@ hidden state ``h`` at the last committed token and that token, each draft positi
 as Apple's torch and MLX code compute it (its paper writes ``[s, h]``; the checkpoints follow the
 code). Beam search scores with the log-softmax of the logits kept to their top 50, as Apple's
 inference does.
+
+**Compact checkpoints** (specdec's own, for a drafter trained over a draft vocabulary): ``config.json``
+adds ``draft_vocab_size`` ``V``, the weights hold ``token_ids`` [V] (the vocabulary's target ids,
+ascending) and an output layer ``lm_head.{N}.weight`` of their V rows only. For SmolLM2 that
+layer is 49,152 rows in Apple's layout, nearly all of the drafter; Apple's code does not read
+such a file.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +48,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from specdec import ConfigError, ModelLoadError, trimmed_projection
+from specdec import ConfigError, ModelLoadError, compact_token_ids, trimmed_projection
 
 MODEL_TYPE = "recurrent_drafting_drafter"
 _IGNORED_FIELDS = {"model_type", "architectures", "torch_dtype", "dtype", "transformers_version",
@@ -59,6 +67,12 @@ class DrafterSpec:
     exit_dim: int
     num_draft_layers: int
     rnn: bool = True
+    #: A compact checkpoint's draft vocabulary size (0: the output layer covers the whole vocabulary).
+    draft_vocab_size: int = 0
+    #: The beams and draft length the drafter was tuned for (TensorRT-LLM's converted checkpoints
+    #: carry them in their config); 0: not given.
+    redrafter_num_beams: int = 0
+    redrafter_draft_len_per_beam: int = 0
 
 
 class ResBlock(nn.Module):
@@ -72,18 +86,53 @@ class ResBlock(nn.Module):
 
 class RecurrentDrafter(nn.Module):
     """ReDrafter's drafter: a recurrent state over the drafted tokens' embeddings, read with the
-    target's hidden state by a residual MLP and an output layer over the vocabulary."""
+    target's hidden state by a residual MLP and an output layer over the vocabulary, or with
+    ``token_ids`` over those target ids only (a compact drafter, trained over a draft vocabulary)."""
 
-    def __init__(self, spec: DrafterSpec) -> None:
+    def __init__(self, spec: DrafterSpec, token_ids: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec = replace(spec, draft_vocab_size=0)
         hidden, width = spec.hidden_size, spec.exit_dim
+        #: The target id each output row stands for, ascending (``None``: row ``i`` is id ``i``).
+        self.token_ids = None if token_ids is None else token_ids.sort().values.cpu()
+        rows = spec.vocab_size if token_ids is None else len(token_ids)
         self.input_proj = nn.Linear(2 * hidden, width) if width != 2 * hidden else None
         self.lm_head = nn.Sequential(*(ResBlock(width) for _ in range(spec.num_draft_layers)),
-                                     nn.Linear(width, spec.vocab_size, bias=False))
+                                     nn.Linear(width, rows, bias=False))
         if spec.rnn:
             self.rnn_u = nn.Linear(hidden, hidden)
             self.rnn_w = nn.Linear(hidden, hidden, bias=False)
+
+    @torch.no_grad()
+    def narrowed(self, ids: torch.Tensor) -> RecurrentDrafter:
+        """This drafter over the target ids ``ids`` only: a compact drafter (trainable) whose output
+        layer keeps their rows. Training over a draft vocabulary steps those rows alone."""
+        compact = RecurrentDrafter(self.spec, ids)
+        theirs = dict(self.named_parameters())
+        for name, parameter in compact.named_parameters():
+            source = theirs[name].to(parameter.dtype)
+            parameter.copy_(source[compact.token_ids.to(source.device)] if name == self._output_name else source)
+        return compact.to(next(self.parameters()).device)
+
+    @torch.no_grad()
+    def export(self) -> RecurrentDrafter:
+        """A compact drafter in Apple's full layout: the output rows of the other ids are zero, so
+        drafting over the same draft vocabulary drafts exactly as the compact drafter does."""
+        if self.token_ids is None:
+            return self
+        full = RecurrentDrafter(self.spec).to(next(self.parameters()).device)
+        mine = dict(self.named_parameters())
+        for name, parameter in full.named_parameters():
+            if name == self._output_name:
+                parameter.zero_()
+                parameter[self.token_ids.to(parameter.device)] = mine[name]
+            else:
+                parameter.copy_(mine[name])
+        return full.eval()
+
+    @property
+    def _output_name(self) -> str:
+        return f"lm_head.{self.spec.num_draft_layers}.weight"
 
     def advance(self, state: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
         """The state after a token whose embedding is ``embedded`` (both ``[..., H]``)."""
@@ -108,11 +157,11 @@ class RecurrentDrafter(nn.Module):
         target's hidden state and the drafter's state."""
         return self.output(self.features(hidden, state))
 
-    def narrow_vocabulary(self, kept: torch.Tensor) -> None:
-        """Score only the target ids ``kept`` (a draft vocabulary, ``specdec.draft_vocabulary``):
-        the output layer keeps their rows, and :meth:`logits` index into ``kept``. Call once on
-        the device and dtype."""
-        self.lm_head[-1] = trimmed_projection(self.output, kept)
+    def narrow_vocabulary(self, rows: torch.Tensor) -> None:
+        """Score only the output rows ``rows`` (a draft vocabulary; for a full drafter the target
+        ids themselves): the output layer keeps them, and :meth:`logits` index into ``rows``.
+        Call once on the device and dtype."""
+        self.lm_head[-1] = trimmed_projection(self.output, rows)
 
     def reset_parameters(self) -> None:
         """A fresh drafter for training: PyTorch's default initialisation of every layer."""
@@ -152,7 +201,14 @@ def read_spec(directory: Path) -> DrafterSpec:
         raise ConfigError(f"num_draft_layers: must be a non-negative integer in {path}, got {layers!r}")
     if not isinstance(config.get("rnn", True), bool):
         raise ConfigError(f"rnn: must be true or false in {path}, got {config['rnn']!r}")
-    return DrafterSpec(config["hidden_size"], config["vocab_size"], config["exit_dim"], layers, config.get("rnn", True))
+    draft = config.get("draft_vocab_size", 0)
+    if not isinstance(draft, int) or isinstance(draft, bool) or not 0 <= draft < config["vocab_size"]:
+        raise ConfigError(f"draft_vocab_size: must be an integer from 0 to below vocab_size in {path}, got {draft!r}")
+    for name in ("redrafter_num_beams", "redrafter_draft_len_per_beam"):
+        if not isinstance(config.get(name, 0), int) or isinstance(config.get(name), bool) or config.get(name, 0) < 0:
+            raise ConfigError(f"{name}: must be a non-negative integer in {path} (0: not given), got {config[name]!r}")
+    return DrafterSpec(config["hidden_size"], config["vocab_size"], config["exit_dim"], layers, config.get("rnn", True),
+                       draft, config.get("redrafter_num_beams", 0), config.get("redrafter_draft_len_per_beam", 0))
 
 
 def _apple_name(name: str, num_layers: int) -> str | None:
@@ -187,7 +243,13 @@ def load_drafter(source: str | Path, hidden_size: int, vocab_size: int) -> Recur
         mapped = _apple_name(name, spec.num_draft_layers)
         if mapped is not None:
             tensors[mapped] = tensor
-    model = RecurrentDrafter(spec)
+    token_ids = tensors.pop("token_ids", None)
+    if spec.draft_vocab_size:
+        token_ids = compact_token_ids({"token_ids": token_ids} if token_ids is not None else {}, spec.draft_vocab_size,
+                                      spec.vocab_size, directory)
+    elif token_ids is not None:
+        raise ModelLoadError(f"token_ids: in the drafter's weights in {directory}, but its config sets no draft_vocab_size")
+    model = RecurrentDrafter(spec, token_ids)
     expected = dict(model.named_parameters())
     for name in tensors:
         if name not in expected:
@@ -205,12 +267,19 @@ def load_drafter(source: str | Path, hidden_size: int, vocab_size: int) -> Recur
 
 
 def save_drafter(model: RecurrentDrafter, directory: str | Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write ``model`` in Apple's layout (``config.json``, ``model.safetensors``), cast to ``dtype``."""
+    """Write ``model`` in Apple's layout (``config.json``, ``model.safetensors``), cast to ``dtype``;
+    a compact drafter as a compact checkpoint (module docstring)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"architectures": ["Drafter"], "model_type": MODEL_TYPE, **asdict(model.spec),
-              "torch_dtype": str(dtype).removeprefix("torch.")}
+    compact = model.token_ids is not None
+    optional = ("draft_vocab_size", "redrafter_num_beams", "redrafter_draft_len_per_beam")
+    spec = {k: v for k, v in asdict(model.spec).items() if k not in optional or v}
+    if compact:
+        spec["draft_vocab_size"] = len(model.token_ids)
+    config = {"architectures": ["Drafter"], "model_type": MODEL_TYPE, **spec, "torch_dtype": str(dtype).removeprefix("torch.")}
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({name: p.detach().to(dtype).cpu().contiguous() for name, p in model.named_parameters()},
-              directory / "model.safetensors")
+    tensors = {name: p.detach().to(dtype).cpu().contiguous() for name, p in model.named_parameters()}
+    if compact:
+        tensors["token_ids"] = model.token_ids.to(torch.int64).contiguous()
+    save_file(tensors, directory / "model.safetensors")
     return directory

@@ -1,6 +1,7 @@
 """ReDrafter checkpoints load as Apple publishes them and as TensorRT-LLM's converter names them;
 the drafter computes Apple's equations; inconsistent checkpoints are one-line errors naming the
-field or tensor; beam search keeps the best-scoring beams and the tree shares their prefixes."""
+field or tensor; beam search keeps the best-scoring beams, the tree shares their prefixes and a
+node budget keeps the likeliest nodes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.nn import functional as F
 
 from specdec import LLM, ConfigError, DraftTree, ModelLoadError
 from specdec_redrafter import DrafterSpec, RecurrentDrafter, load_drafter, save_drafter
+from specdec_redrafter.drafter import best_first_tree
 from specdec_redrafter.drafter_model import beam_log_probs
 
 H, V = 8, 11
@@ -103,6 +105,7 @@ def _write(tmp_path, config_update=None, drop=None, reshape=None, extra=None):
     ({"config_update": {"model_type": "medusa"}}, ConfigError, "^model_type: 'medusa'"),
     ({"config_update": {"exit_dim": 0}}, ConfigError, "^exit_dim: must be a positive integer"),
     ({"config_update": {"rnn": "yes"}}, ConfigError, "^rnn: must be true or false"),
+    ({"config_update": {"redrafter_num_beams": -1}}, ConfigError, "^redrafter_num_beams: must be a non-negative integer"),
     ({"config_update": {"hidden_size": 16}}, ConfigError, "^hidden_size: the drafter reads hidden states of 16"),
     ({"config_update": {"vocab_size": 12}}, ConfigError, "^vocab_size: the drafter's is 12"),
     ({"drop": "rnn_w.weight"}, ModelLoadError, "^rnn_w.weight: missing"),
@@ -114,6 +117,22 @@ def test_inconsistent_checkpoints_are_one_line_errors(tmp_path, kwargs, error, m
     with pytest.raises(error, match=message) as raised:
         load_drafter(directory, H, V)
     assert "\n" not in str(raised.value)
+
+
+def test_the_checkpoints_beam_search_is_the_default(tiny, tmp_path) -> None:
+    """``redrafter_num_beams`` and ``redrafter_draft_len_per_beam`` in the drafter's config (as
+    TensorRT-LLM's converted checkpoints carry them) set the beam search unless the options do."""
+    config = tiny.model.config
+    spec = DrafterSpec(config.hidden_size, config.vocab_size, 2 * config.hidden_size, 1, True,
+                       redrafter_num_beams=3, redrafter_draft_len_per_beam=2)
+    directory = save_drafter(RecurrentDrafter(spec), tmp_path / "drafter")
+    saved = json.loads((directory / "config.json").read_text())
+    assert saved["redrafter_num_beams"] == 3 and saved["redrafter_draft_len_per_beam"] == 2
+    for options, expected in (({}, (3, 2)), ({"redrafter_num_beams": 5, "max_draft_len": 4}, (5, 4)),
+                              ({"beam_width": 2}, (2, 2))):
+        with LLM(tiny.model, {"method": "redrafter", "model": str(directory), **options}, tokenizer=tiny.tokenizer) as llm:
+            resources = llm.engine.resource_manager
+            assert (resources.num_beams, resources.depth) == expected, options
 
 
 def test_a_missing_drafter_is_named_when_the_llm_is_built(tiny) -> None:
@@ -136,7 +155,8 @@ def test_beam_search_keeps_the_best_scoring_beams(tiny, tmp_path) -> None:
         hidden = torch.randn(1, hidden_size, device=tiny.model.device)
         last = torch.tensor([5], device=tiny.model.device)
         with torch.no_grad():
-            beams = resources.beam_search(hidden, last, 2)[0].tolist()
+            found, found_scores = resources.beam_search(hidden, last, 2)
+            beams = found[0].tolist()
 
             @torch.no_grad()
             def score(sequence):
@@ -149,12 +169,26 @@ def test_beam_search_keeps_the_best_scoring_beams(tiny, tmp_path) -> None:
 
             ranked = sorted(itertools.product(range(vocab), repeat=2), key=score, reverse=True)[:vocab]
         assert [score(b) for b in beams] == pytest.approx([score(list(s)) for s in ranked], abs=1e-4)
+        assert found_scores[0].flatten().tolist() == pytest.approx([s for b in beams for s in (score(b[:1]), score(b))], abs=1e-4)
         resources.num_beams = 4
         with torch.no_grad():
-            narrow = resources.beam_search(hidden, last, 2)[0].tolist()
+            narrow = resources.beam_search(hidden, last, 2)[0][0].tolist()
         narrow_scores = [score(b) for b in narrow]
     assert narrow_scores == sorted(narrow_scores, reverse=True) and len({tuple(b) for b in narrow}) == 4
     tree = DraftTree()
     for beam in narrow:
         tree.add_chain(beam)
     assert len(tree) == len({tuple(b[:1]) for b in narrow}) + len({tuple(b) for b in narrow})
+
+
+def test_the_tree_keeps_the_likeliest_nodes_first() -> None:
+    """Beams sharing a prefix share its nodes; nodes come by prefix score, parents first, so a
+    budget keeps the second beam's first draft before the first beam's third."""
+    beams = [[1, 2, 3], [1, 4, 5], [6, 7, 8]]
+    scores = [[-0.1, -0.5, -2.0], [-0.1, -0.9, -1.0], [-0.3, -3.0, -4.0]]
+    whole = best_first_tree(beams, scores, 3, 10)
+    assert whole.token_ids == [1, 6, 2, 4, 5, 3, 7, 8]
+    assert whole.parents == [-1, -1, 0, 0, 3, 2, 1, 6]
+    cut = best_first_tree(beams, scores, 3, 3)
+    assert cut.token_ids == [1, 6, 2] and cut.parents == [-1, -1, 0]
+    assert best_first_tree(beams, scores, 1, 10).token_ids == [1, 6]

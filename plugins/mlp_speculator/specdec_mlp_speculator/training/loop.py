@@ -31,6 +31,10 @@ class MLPSpeculatorTrainee:
 
     def __init__(self, speculator: MLPSpeculator, target: Callable[[dict[str, torch.Tensor]], torch.Tensor],
                  options: FitOptions, vocabulary: TrainingVocabulary | None = None) -> None:
+        narrowed = speculator.token_map
+        if (vocabulary is None) != (narrowed is None) or (
+                narrowed is not None and not torch.equal(vocabulary.ids.cpu(), narrowed.cpu())):
+            raise ValueError("a speculator over a draft vocabulary trains over that vocabulary, and only such a one")
         self.module, self.target, self.options = speculator, target, options
         self.device = next(speculator.parameters()).device
         self.vocabulary = vocabulary.to(self.device) if vocabulary is not None else None

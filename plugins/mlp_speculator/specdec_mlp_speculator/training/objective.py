@@ -21,11 +21,8 @@ def mlp_loss(speculator: MLPSpeculator, hidden: torch.Tensor, input_ids: torch.T
     """Every stage's loss and top-1 hits over a right-padded batch (``hidden`` ``[B, T, hidden]``:
     the target's final normed states, no gradient; the rest as :func:`~specdec.training.chained_loss`).
     With a ``vocabulary`` the speculator is a
-    :class:`~specdec_mlp_speculator.speculator.CompactSpeculator` over exactly its tokens."""
-    narrowed = speculator.token_map
-    if (vocabulary is None) != (narrowed is None) or (
-            narrowed is not None and not torch.equal(vocabulary.ids.cpu(), narrowed.cpu())):
-        raise ValueError("a speculator over a draft vocabulary is scored over that vocabulary, and only such a one")
+    :class:`~specdec_mlp_speculator.speculator.CompactSpeculator` over exactly its tokens
+    (:class:`~specdec_mlp_speculator.training.loop.MLPSpeculatorTrainee` checks it once)."""
     return chained_loss(
         lambda k, state: speculator.advance(k, state, shifted(input_ids, k + 1)),
         lambda k, states, rows: speculator.head[k](states),

@@ -28,7 +28,7 @@ from specdec.training import (
     projection,
     shifted,
 )
-from specdec_redrafter.drafter_model import DrafterSpec, RecurrentDrafter
+from specdec_redrafter.drafter_model import RecurrentDrafter
 
 
 @dataclass
@@ -43,25 +43,31 @@ def redrafter_loss(drafter: RecurrentDrafter, embed: torch.nn.Module, hidden: to
                    loss_mask: torch.Tensor, options: FitOptions, backward: bool = False, keep_hits: bool = False,
                    vocabulary: TrainingVocabulary | None = None) -> Scores:
     """Every draft position's loss and top-1 hits over a right-padded batch (``hidden``
-    ``[B, T, H]``: the target's final normed states, no gradient)."""
+    ``[B, T, H]``: the target's final normed states, no gradient). A compact drafter
+    (``token_ids``) is scored over its own tokens, which must be ``vocabulary``'s."""
     hidden = hidden.float()
     flat = hidden.reshape(-1, hidden.shape[-1])
     with torch.no_grad():
         embedded = [embed(shifted(input_ids, k + 1)).float() for k in range(options.positions)]
+    output = drafter.output if drafter.token_ids is not None else projection(drafter.output, vocabulary)
     return chained_loss(
         lambda k, state: drafter.advance(state, embedded[k]),
-        lambda k, states, rows: projection(drafter.output, vocabulary)(drafter.features(flat[rows], states)),
+        lambda k, states, rows: output(drafter.features(flat[rows], states)),
         torch.zeros_like(hidden), input_ids, loss_mask, options.positions, options.decay, options.chunk, backward,
         options.bf16 and backward, keep_hits, vocabulary)
 
 
 class ReDrafterTrainee:
-    """A recurrent drafter as the core loop trains it: ``vocabulary`` narrows the training softmax
-    (held-out measurements take the whole vocabulary)."""
+    """A recurrent drafter as the core loop trains it: with a ``vocabulary``, a compact drafter over
+    exactly its tokens (:meth:`RecurrentDrafter.narrowed`), measured over them too (a held-out
+    token outside them counts as a miss)."""
 
     def __init__(self, drafter: RecurrentDrafter, embed: torch.nn.Module,
                  target: Callable[[dict[str, torch.Tensor]], torch.Tensor], options: FitOptions,
                  vocabulary: TrainingVocabulary | None = None) -> None:
+        if (vocabulary is None) != (drafter.token_ids is None) or (
+                vocabulary is not None and not torch.equal(vocabulary.ids.cpu(), drafter.token_ids)):
+            raise ValueError("a drafter over a draft vocabulary trains over that vocabulary, and only such a one")
         self.module, self.embed, self.target, self.options = drafter, embed, target, options
         self.device = next(drafter.parameters()).device
         self.vocabulary = vocabulary.to(self.device) if vocabulary is not None else None
@@ -70,19 +76,21 @@ class ReDrafterTrainee:
         return dict(self.module.named_parameters())
 
     def shape(self) -> dict[str, Any]:
-        return drafter_shape(self.module.spec)
+        return drafter_shape(self.module)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> Scores:
         return redrafter_loss(self.module, self.embed, self.target(batch), batch["input_ids"].to(self.device),
                               batch["loss_mask"].to(self.device), self.options, backward=True, vocabulary=self.vocabulary)
 
     def evaluate(self, dataset: torch.utils.data.Dataset, world: World) -> ChainEvaluation:
-        return evaluate(self.module, self.embed, self.target, dataset, self.options, world)
+        return evaluate(self.module, self.embed, self.target, dataset, self.options, world, self.vocabulary)
 
 
-def drafter_shape(spec: DrafterSpec) -> dict[str, Any]:
-    """What a resumed run must match: the MLP's width and depth and the kind of state."""
-    return {"exit_dim": spec.exit_dim, "num_draft_layers": spec.num_draft_layers, "rnn": spec.rnn}
+def drafter_shape(drafter: RecurrentDrafter) -> dict[str, Any]:
+    """What a resumed run must match: the MLP's width and depth, the kind of state and the output rows."""
+    spec = drafter.spec
+    return {"exit_dim": spec.exit_dim, "num_draft_layers": spec.num_draft_layers, "rnn": spec.rnn,
+            "output_rows": drafter.output.out_features}
 
 
 def describe_shape(shape: dict[str, Any]) -> str:
@@ -90,12 +98,16 @@ def describe_shape(shape: dict[str, Any]) -> str:
 
 
 def evaluate(drafter: RecurrentDrafter, embed: torch.nn.Module, target: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-             dataset: torch.utils.data.Dataset, options: FitOptions, world: World) -> ChainEvaluation:
+             dataset: torch.utils.data.Dataset, options: FitOptions, world: World,
+             vocabulary: TrainingVocabulary | None = None) -> ChainEvaluation:
     """Per position mean loss and top-1 accuracy over ``dataset`` (each rank a share, float32), and
-    the estimated acceptance length of greedy chain drafting (the best beam's) over its replies."""
+    the estimated acceptance length of greedy chain drafting (the best beam's) over its replies; a
+    compact drafter over its ``vocabulary`` (the losses and accuracies leave out the tokens outside
+    it, the chain walk counts them as misses)."""
     device = next(drafter.parameters()).device
 
     def score(batch: dict[str, torch.Tensor], mask: torch.Tensor) -> Scores:
-        return redrafter_loss(drafter, embed, target(batch), batch["input_ids"].to(device), mask, options, keep_hits=True)
+        return redrafter_loss(drafter, embed, target(batch), batch["input_ids"].to(device), mask, options, keep_hits=True,
+                              vocabulary=vocabulary)
 
     return evaluate_chain(score, options.positions, dataset, options.batch_size, world, device)
