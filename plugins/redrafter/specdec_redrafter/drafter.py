@@ -12,9 +12,10 @@ tokens (its costliest part: 49,152 rows for SmolLM2), and the beams draft among 
 drafter (trained over a draft vocabulary) drafts among its own tokens, or the most used of them.
 
 Beams that share a prefix share its nodes (Apple's dynamic tree attention). The nodes come best
-first by their prefix's score, so the step's node budget keeps the likeliest nodes of the tree. Every draft is deterministic: greedy and
-seeded requests keep the path of the target's own picks, sampled ones go through the core's
-multi-candidate rejection sampling, and output stays the target's.
+first by their prefix's score, so the step's node budget keeps the likeliest nodes of the tree.
+Every draft is deterministic: greedy and seeded requests keep the path of the target's own picks,
+sampled ones go through the core's multi-candidate rejection sampling, and output stays the
+target's.
 """
 
 from __future__ import annotations

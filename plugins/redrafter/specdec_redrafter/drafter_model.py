@@ -3,11 +3,12 @@
 ``config.json``: ``model_type: recurrent_drafting_drafter``, ``hidden_size`` (the target's, H),
 ``vocab_size`` (the target's), ``exit_dim`` (the MLP's width; Apple's trainer makes it 2H),
 ``num_draft_layers`` (residual blocks before the output layer) and ``rnn`` (a recurrent state, or
-a running sum of embeddings); optionally ``redrafter_num_beams`` and ``redrafter_draft_len_per_beam``,
-the beam search the drafter is meant for (TensorRT-LLM's converted checkpoints carry them), which
-drafting uses unless its options say otherwise. ``num_lookback_tokens`` (never read by Apple's code), MLX's
-``emb_norm`` and ``rms_norm_eps`` (its norm is never applied) and Hugging Face's bookkeeping are
-accepted and unused; any other field is an error naming it.
+a running sum of embeddings); optionally ``redrafter_num_beams`` and
+``redrafter_draft_len_per_beam``, the beam search the drafter is meant for (TensorRT-LLM's
+converted checkpoints carry them), which drafting uses unless its options say otherwise.
+``num_lookback_tokens`` (never read by Apple's code), MLX's ``emb_norm`` and ``rms_norm_eps`` (its
+norm is never applied) and Hugging Face's bookkeeping are accepted and unused; any other field is
+an error naming it.
 
 Weights (``model.safetensors``): ``input_proj.{weight,bias}`` [exit_dim, 2H] only when
 ``exit_dim != 2H``; ``lm_head.{i}.linear.{weight,bias}`` [exit_dim, exit_dim] for each block;
