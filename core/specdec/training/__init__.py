@@ -36,12 +36,13 @@ from specdec.training.state import STATE_FILE, Position, Scores, TrainingOptions
 from specdec.training.synthesize import prompt_turns, read_conversations
 from specdec.training.target import FrozenTarget
 from specdec.training.token_frequency import coverage, frequency_ranking, token_counts
-from specdec.training.vocabulary import TrainingVocabulary, projection
+from specdec.training.vocabulary import TrainingVocabulary, check_compact_vocabulary, projection
 
 __all__ = [
     "DEFAULT_BASE", "DTYPES", "STATE_FILE", "ChainEvaluation", "Example", "ExampleDataset", "FrozenTarget",
     "LengthGroupedBatches", "Position", "Scores", "StepReport", "Trainee", "TrainingInputs", "TrainingOptions",
     "TrainingRun", "TrainingVocabulary", "World", "average_gradients", "broadcast_parameters", "chain_acceptance",
+    "check_compact_vocabulary",
     "chained_loss", "chat_token_ids", "check_options", "collate", "conversation_lengths", "coverage", "evaluate_chain",
     "every_rank", "fit", "fit_options", "frequency_ranking", "join", "leave", "load_examples", "pad", "per_output",
     "projection", "prompt_turns", "read_conversations", "run_training", "saved_state", "shifted", "sum_across", "token_counts",

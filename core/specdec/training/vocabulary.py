@@ -43,6 +43,15 @@ def projection(head: torch.nn.Linear, vocabulary: TrainingVocabulary | None) -> 
     return lambda x: F.linear(x, weight, bias)
 
 
+def check_compact_vocabulary(token_ids: torch.Tensor | None, vocabulary: TrainingVocabulary | None, what: str) -> None:
+    """A compact module (one whose output rows are the target ids ``token_ids``, ``None`` for a
+    full one) trains over exactly its own ``vocabulary``, and only a compact one trains over one:
+    else its logits and the labels would index different tokens. ``what`` names the module."""
+    if (vocabulary is None) != (token_ids is None) or (
+            vocabulary is not None and not torch.equal(vocabulary.ids.cpu(), token_ids.cpu())):
+        raise ValueError(f"{what} over a draft vocabulary trains over that vocabulary, and only such a one")
+
+
 def training_vocabulary(examples: list[Example], size: int, vocab_size: int,
                         ranking: torch.Tensor | None = None) -> tuple[TrainingVocabulary | None, float]:
     """The ``size`` most frequent reply tokens of the training conversations (or the first

@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-from specdec.training import ChainEvaluation, Scores, TrainingOptions, TrainingVocabulary, World, evaluate_chain
+from specdec.training import (
+    ChainEvaluation,
+    Scores,
+    TrainingOptions,
+    TrainingVocabulary,
+    World,
+    check_compact_vocabulary,
+    evaluate_chain,
+)
 from specdec_mlp_speculator.speculator import MLPSpeculator, SpeculatorSpec
 from specdec_mlp_speculator.training.objective import mlp_loss
 
@@ -31,10 +39,7 @@ class MLPSpeculatorTrainee:
 
     def __init__(self, speculator: MLPSpeculator, target: Callable[[dict[str, torch.Tensor]], torch.Tensor],
                  options: FitOptions, vocabulary: TrainingVocabulary | None = None) -> None:
-        narrowed = speculator.token_map
-        if (vocabulary is None) != (narrowed is None) or (
-                narrowed is not None and not torch.equal(vocabulary.ids.cpu(), narrowed.cpu())):
-            raise ValueError("a speculator over a draft vocabulary trains over that vocabulary, and only such a one")
+        check_compact_vocabulary(speculator.token_map, vocabulary, "a speculator")
         self.module, self.target, self.options = speculator, target, options
         self.device = next(speculator.parameters()).device
         self.vocabulary = vocabulary.to(self.device) if vocabulary is not None else None

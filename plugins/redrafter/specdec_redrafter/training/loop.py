@@ -24,8 +24,8 @@ from specdec.training import (
     TrainingVocabulary,
     World,
     chained_loss,
+    check_compact_vocabulary,
     evaluate_chain,
-    projection,
     shifted,
 )
 from specdec_redrafter.drafter_model import RecurrentDrafter
@@ -44,15 +44,15 @@ def redrafter_loss(drafter: RecurrentDrafter, embed: torch.nn.Module, hidden: to
                    vocabulary: TrainingVocabulary | None = None) -> Scores:
     """Every draft position's loss and top-1 hits over a right-padded batch (``hidden``
     ``[B, T, H]``: the target's final normed states, no gradient). A compact drafter
-    (``token_ids``) is scored over its own tokens, which must be ``vocabulary``'s."""
+    (``token_ids``) is scored over its own tokens, which must be ``vocabulary``'s
+    (:class:`ReDrafterTrainee` checks it once); a full one without a ``vocabulary``."""
     hidden = hidden.float()
     flat = hidden.reshape(-1, hidden.shape[-1])
     with torch.no_grad():
         embedded = [embed(shifted(input_ids, k + 1)).float() for k in range(options.positions)]
-    output = drafter.output if drafter.token_ids is not None else projection(drafter.output, vocabulary)
     return chained_loss(
         lambda k, state: drafter.advance(state, embedded[k]),
-        lambda k, states, rows: output(drafter.features(flat[rows], states)),
+        lambda k, states, rows: drafter.logits(flat[rows], states),
         torch.zeros_like(hidden), input_ids, loss_mask, options.positions, options.decay, options.chunk, backward,
         options.bf16 and backward, keep_hits, vocabulary)
 
@@ -65,9 +65,7 @@ class ReDrafterTrainee:
     def __init__(self, drafter: RecurrentDrafter, embed: torch.nn.Module,
                  target: Callable[[dict[str, torch.Tensor]], torch.Tensor], options: FitOptions,
                  vocabulary: TrainingVocabulary | None = None) -> None:
-        if (vocabulary is None) != (drafter.token_ids is None) or (
-                vocabulary is not None and not torch.equal(vocabulary.ids.cpu(), drafter.token_ids)):
-            raise ValueError("a drafter over a draft vocabulary trains over that vocabulary, and only such a one")
+        check_compact_vocabulary(drafter.token_ids, vocabulary, "a drafter")
         self.module, self.embed, self.target, self.options = drafter, embed, target, options
         self.device = next(drafter.parameters()).device
         self.vocabulary = vocabulary.to(self.device) if vocabulary is not None else None
