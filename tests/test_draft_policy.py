@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from specdec import LLM, DraftProposal, SamplingParams, UserProvidedDecodingConfig
+from specdec import LLM, DraftProposal, SamplingParams, UserProvidedDecodingConfig, VerifyResult
 from specdec.draft_budget import StepBudget
 from specdec.draft_policy import (
     PRIOR_ACCEPTANCE,
@@ -734,3 +734,59 @@ def test_forward_costs_time_every_narrow_width_and_a_geometric_few_beyond() -> N
     assert measured_widths(9) == [*range(1, 10)]
     seconds = _interpolated({1: 1.0, 2: 2.0, 5: 5.0, 8: 2.0}, 8)
     assert seconds == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0, 4.0, 3.0, 2.0])
+
+
+def test_suffix_drafts_are_cut_by_their_own_acceptance_not_the_methods(tiny):
+    """With ``use_sa_spec``, a suffix draft may run past the method's ``max_draft_len`` and is cut
+    by the acceptance suffix drafts have had: a request whose method drafts badly still verifies
+    a 10-token copy that has been paying, and one whose copies have failed hands the step back
+    to its method (``None``). What a suffix step teaches goes to the suffix estimate alone."""
+    config = {"method": "ngram", "num_speculative_tokens": 2, "use_sa_spec": True}
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        policy = llm.engine.policy
+        cost = ForwardCost([1.0] + [1.3] * 24, base_seconds=1.0)
+        request = llm.engine.new_request([1, 2, 3], SamplingParams(temperature=0.0))
+        request.acceptance = steady(16, 2, 0)
+        copy = DraftProposal(list(range(5, 15)))
+
+        def cut(suffix_estimate: AcceptanceEstimate) -> tuple[DraftProposal | None, set[int]]:
+            request.suffix_acceptance = suffix_estimate
+            plan = StepBudget([2], rows=1, cost=cost, suffix_budgets=[24])
+            (kept,) = policy.suffix_drafted(plan, [request], [copy])
+            return kept, plan.suffix_rows
+
+        kept, rows = cut(steady(16, 10, 10))
+        assert len(kept) == 10 and rows == {request.request_id}
+        assert cut(steady(16, 10, 0)) == (None, set())
+
+        plan = StepBudget([0], rows=1, suffix_budgets=[24], suffix_rows={request.request_id})
+        before = request.acceptance.alpha(0)
+        policy.observe(plan, [request], [copy], [VerifyResult(num_accepted=0, next_token=1)], 0.01)
+        assert request.acceptance.alpha(0) == before
+        assert request.suffix_acceptance.alpha(0) < 0.1
+
+
+class Wrong:
+    """A drafter whose drafts the tiny target never accepts (a token it does not emit)."""
+
+    def prepare_draft_tokens(self, requests, resource_manager):
+        return [[0] * r.max_draft_len for r in requests]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_suffix_drafts_run_past_the_methods_length_losslessly(tiny, adaptive):
+    """Over a method drafting 2 tokens that are never right, suffix drafts of the tiny target's
+    repetitive output are verified and accepted beyond position 2 (up to ``sa_spec_max_draft_len``),
+    and the output is plain greedy decoding's, with the adaptive length fixed or on."""
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello world, hello")}
+    params = SamplingParams(max_tokens=80, ignore_eos=True)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
+    config = UserProvidedDecodingConfig(drafter=Wrong(), max_draft_len=2, use_sa_spec=True, sa_spec_threshold=2,
+                                        sa_spec_max_draft_len=12, adaptive_draft_len=adaptive)
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        got = llm.generate(prompt, params)[0]
+        taken = llm.engine.suffix_drafts.taken
+    assert got.token_ids == plain.token_ids
+    per_pos = got.metrics.num_accepted_tokens_per_pos
+    assert taken > 0 and len(per_pos) > 2 and per_pos[2] > 0, per_pos
+    assert len(per_pos) <= 12

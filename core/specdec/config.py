@@ -79,6 +79,15 @@ class SpeculativeConfig(BaseModel):
         default=4, ge=1, le=24,
         description="The shortest match, in tokens, whose suffix draft replaces the method's (TensorRT-LLM's name).",
     )
+    sa_spec_max_draft_len: int = Field(
+        default=24, ge=1, le=64,
+        description=(
+            "The most tokens a suffix draft holds, which may exceed the method's own max_draft_len: a long "
+            "match is where a copy runs furthest (TensorRT-LLM caps it at max_draft_len; set it so to match). "
+            "A match of m tokens drafts at most m, and adaptive_draft_len cuts each suffix draft by the "
+            "acceptance suffix drafts have had."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_dynamic_controls(self) -> SpeculativeConfig:
@@ -107,6 +116,13 @@ class SpeculativeConfig(BaseModel):
         depth); the engine's budgets, cuts and cost measurements count these tokens.
         """
         return self.max_draft_len
+
+    @property
+    def max_verify_drafts(self) -> int:
+        """The most draft tokens one request can verify in a step: the method's, or a longer
+        suffix draft's (``use_sa_spec``). Verify forwards are prepared and their costs measured
+        up to this many plus one."""
+        return max(self.max_draft_tokens, self.sa_spec_max_draft_len if self.use_sa_spec else 0)
 
     def draft_len_for_batch(self, batch_size: int) -> int:
         """The most draft tokens per request for a step that runs ``batch_size`` requests."""

@@ -18,7 +18,7 @@ for a measurement.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,13 +44,17 @@ class StepBudget:
     predicted: ForwardCost | None = None
     #: Tokens each request has left (by request id), for a batch that only drains toward known lengths.
     remaining: dict[int, int] | None = None
+    #: Each request's budget for a suffix draft in place of its method's (``use_sa_spec``; empty: none).
+    suffix_budgets: list[int] = field(default_factory=list)
+    #: The requests (by id) whose suffix draft this step verifies instead of their method's.
+    suffix_rows: set[int] = field(default_factory=set)
 
     def remaining_of(self, batch: Sequence[Request]) -> list[int] | None:
         return [self.remaining[r.request_id] for r in batch] if self.remaining is not None else None
 
     @property
     def drafts(self) -> bool:
-        return any(self.budgets)
+        return any(self.budgets) or any(self.suffix_budgets)
 
 
 class DraftBudget:
@@ -86,6 +90,9 @@ class DraftBudget:
         self.resume_cost = ResumeCost(config.adaptive_window)
         #: Acceptance over the engine's recent batch steps: the prior of each request's own estimate.
         self.acceptance = AcceptanceEstimate(4 * config.adaptive_window)
+        #: The same for suffix drafts taken instead of the method's (``use_sa_spec``): a copy's
+        #: acceptance has nothing to do with the method's.
+        self.suffix_acceptance = AcceptanceEstimate(4 * config.adaptive_window)
         #: Batch sizes whose costs are still to be measured (in idle time or a warm-up).
         self._wanted: set[int] = set()
         #: The batch size being measured a width at a time in idle moments, if any.
@@ -114,7 +121,7 @@ class DraftBudget:
         if not self.adaptive or rows in self.forward_costs:
             return False
         if self._measuring is None or self._measuring.rows != rows:
-            self._measuring = CostMeasurement(self.runner, self.config.max_draft_tokens + 1, rows, sync=self.sync)
+            self._measuring = CostMeasurement(self.runner, self.config.max_verify_drafts + 1, rows, sync=self.sync)
         if not self._measuring.step():
             self.forward_costs[rows] = self._measuring.result()
             self._measuring = None
@@ -140,6 +147,10 @@ class DraftBudget:
         """A new request's acceptance estimate, starting from what the method has been achieving."""
         return AcceptanceEstimate(self.config.adaptive_window, prior=self.acceptance)
 
+    def new_suffix_estimate(self) -> AcceptanceEstimate:
+        """A new request's estimate for its suffix drafts, starting from what they have been achieving."""
+        return AcceptanceEstimate(self.config.adaptive_window, prior=self.suffix_acceptance)
+
     # -- per step -----------------------------------------------------------------------------
 
     def plan(self, batch: Sequence[Request], longest_context: int, tokens_left: Sequence[int],
@@ -156,6 +167,10 @@ class DraftBudget:
         limit = config.draft_len_for_batch(rows)
         budgets = [max(min(limit, left - 1), 0) for left in tokens_left]
         plan = StepBudget(budgets, rows)
+        if config.use_sa_spec and limit:
+            # A schedule that narrows this batch's verify narrows its suffix drafts too.
+            longest = config.sa_spec_max_draft_len if limit == config.max_draft_tokens else min(limit, config.sa_spec_max_draft_len)
+            plan.suffix_budgets = [max(min(longest, left - 1), 0) for left in tokens_left]
         if not self.adaptive or limit == 0:
             return plan
         plan.predicted = self._costs(rows).at(longest_context)
@@ -206,13 +221,31 @@ class DraftBudget:
         )
         return [p.truncated(keep) for p in proposals]
 
+    def suffix_drafted(self, plan: StepBudget, batch: Sequence[Request],
+                       proposals: list[DraftProposal | None]) -> list[DraftProposal | None]:
+        """``proposals`` (a suffix draft or ``None`` per request) cut to the length worth verifying
+        by the acceptance suffix drafts have had, as :meth:`drafted` cuts a method's; a draft cut
+        to nothing becomes ``None`` (the method drafts for its request). Records which requests
+        take theirs."""
+        taken = [(r, p) for r, p in zip(batch, proposals) if p is not None]
+        if taken and plan.cost is not None:
+            keep = plan.cost.best_length([r.suffix_acceptance for r, _ in taken], [len(p) for _, p in taken],
+                                         remaining=plan.remaining_of([r for r, _ in taken]))
+            proposals = [p.truncated(keep) if p is not None and keep else None for p in proposals]
+        plan.suffix_rows = {r.request_id for r, p in zip(batch, proposals) if p is not None}
+        return proposals
+
     def observe(self, plan: StepBudget, batch: Sequence[Request], proposals: Sequence[DraftProposal],
                 results: Sequence[VerifyResult], seconds: float) -> None:
         """What the step did: each request's drafts and acceptance, and ``seconds`` from the start
-        of its target forward to the end of its accept hook."""
-        outcomes, trees = [], []
+        of its target forward to the end of its accept hook. A suffix draft taken instead of the
+        method's teaches the suffix drafts' estimate, not the method's."""
+        outcomes, trees, suffix_outcomes = [], [], []
         for request, proposal, result in zip(batch, proposals, results):
-            if len(proposal):
+            if request.request_id in plan.suffix_rows:
+                suffix_outcomes.append((len(proposal), result.num_accepted))
+                request.suffix_acceptance.update(*suffix_outcomes[-1])
+            elif len(proposal):
                 outcomes.append((depth(proposal), result.num_accepted))
                 tree = None
                 if proposal.parents is not None:
@@ -222,6 +255,8 @@ class DraftBudget:
             else:
                 request.acceptance.skip()
         self.acceptance.record_batch(outcomes, trees)
+        if suffix_outcomes:
+            self.suffix_acceptance.record_batch(suffix_outcomes)
         if not outcomes:
             self.resume_cost.paused()
         if plan.predicted is not None:

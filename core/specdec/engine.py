@@ -19,7 +19,7 @@ import torch
 
 from specdec.config import SpeculativeConfig
 from specdec.detokenize import IncrementalDetokenizer
-from specdec.draft_budget import DraftBudget, depth
+from specdec.draft_budget import DraftBudget, StepBudget, depth
 from specdec.errors import ConfigError, NonFiniteLogitsError, PluginError, QueueFullError, SpecdecError
 from specdec.kv_cache import BatchKVCache
 from specdec.logits_processing import LogitsProcessing, VerifyRows
@@ -83,7 +83,7 @@ class Engine:
             raise
         except Exception as exc:
             raise PluginError(f"method {self.method.name!r} failed to set up: {type(exc).__name__}: {exc}") from exc
-        runner.prepare(max_batch_size, config.max_draft_tokens + 1, show_progress=True)
+        runner.prepare(max_batch_size, config.max_verify_drafts + 1, show_progress=True)
         per_token = self.resource_manager is None or self.resource_manager.draft_cost_per_token
         self.policy = DraftBudget(runner, config, max_batch_size, self._sync, per_token)
         self.suffix_drafts = SuffixDrafts(config.sa_spec_threshold) if config.use_sa_spec else None
@@ -134,6 +134,7 @@ class Engine:
         request = Request(self._next_id, [int(t) for t in prompt_ids], len(prompt_ids), params, noise)
         request.processors = self.processing.for_request(request.token_ids, params)
         request.acceptance = self.policy.new_estimate()
+        request.suffix_acceptance = self.policy.new_suffix_estimate()
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
         if params.logprobs is not None:
             request.logprobs = []
@@ -235,7 +236,7 @@ class Engine:
         for rows in range(1, rows_up_to + 1):
             cache = self.runner.new_batch_cache(rows)
             self.runner.forward_rows(cache, [[0] * 32] * rows)
-            for width in range(1, self.config.max_draft_tokens + 2):
+            for width in range(1, self.config.max_verify_drafts + 2):
                 self.runner.forward_rows(cache, [[0] * width] * rows)
                 self.runner.rollback(cache, width)
 
@@ -372,12 +373,13 @@ class Engine:
             request.max_draft_len = budget
         proposals = [DraftProposal() for _ in batch]
         if plan.drafts:
-            suffix = self._suffix_drafts(batch, plan.budgets)
-            setup = self.resource_manager.setup_seconds()
-            proposals = self._draft(batch)
-            batch, proposals, suffix = self._survivors(batch, proposals, suffix)
-            setup = self.resource_manager.setup_seconds() - setup
-            proposals = self.policy.drafted(plan, batch, proposals, time.perf_counter() - step_start, setup)
+            suffix = self._suffix_drafts(batch, plan)
+            if any(request.max_draft_len for request in batch):
+                setup = self.resource_manager.setup_seconds()
+                proposals = self._draft(batch)
+                batch, proposals, suffix = self._survivors(batch, proposals, suffix)
+                setup = self.resource_manager.setup_seconds() - setup
+                proposals = self.policy.drafted(plan, batch, proposals, time.perf_counter() - step_start, setup)
             proposals = [p if s is None else s for p, s in zip(proposals, suffix)]
             batch, proposals = self._survivors(batch, self._usable_drafts(batch, proposals))
             if not batch:
@@ -458,15 +460,17 @@ class Engine:
             return str(exc)
         return f"method {self.method.name!r} failed in {hook}: {type(exc).__name__}: {exc}"
 
-    def _suffix_drafts(self, batch: list[Request], budgets: list[int]) -> list[DraftProposal | None]:
-        """With ``use_sa_spec``, the suffix draft of each request whose match is long enough, at
-        most as long as its method drafts in a step; its method drafts nothing for it this step."""
+    def _suffix_drafts(self, batch: list[Request], plan: StepBudget) -> list[DraftProposal | None]:
+        """With ``use_sa_spec``, the suffix draft of each request whose match is long enough, as
+        long as the policy finds worth verifying (up to ``sa_spec_max_draft_len``, whether or not
+        its method drafts this step); its method drafts nothing for it this step."""
         if self.suffix_drafts is None:
             return [None] * len(batch)
-        proposals = self.suffix_drafts.propose(batch, [min(b, self.config.max_draft_len) for b in budgets])
+        proposals = self.policy.suffix_drafted(plan, batch, self.suffix_drafts.propose(batch, plan.suffix_budgets))
         for request, proposal in zip(batch, proposals):
             if proposal is not None:
                 request.max_draft_len = 0
+                self.suffix_drafts.taken += 1
         return proposals
 
     def _draft(self, batch: list[Request]) -> list[DraftProposal]:

@@ -32,6 +32,8 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     #: Running per-position acceptance of this request's drafts (drives adaptive draft length).
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
+    #: The same for the suffix drafts it took instead of its method's (``use_sa_spec``).
+    suffix_acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)
     finished: bool = False
     #: ``stop``, ``length``, ``abort`` (the caller aborted it) or ``error`` (see ``error``).
     finish_reason: str | None = None

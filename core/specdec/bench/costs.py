@@ -37,7 +37,7 @@ def forward_costs(spec: LLM, rows: int) -> dict[str, Any]:
     policy = spec.engine.policy
     cost = policy.forward_costs.get(rows)
     if cost is None:
-        widest = spec.speculative_config.max_draft_tokens + 1
+        widest = spec.speculative_config.max_verify_drafts + 1
         cost = ContextCost.measure(spec.runner, widest, rows=rows, sync=policy.sync)
     return {
         "batch_size": rows,

@@ -2,9 +2,11 @@
 
 A step's request whose last ``sa_spec_threshold`` or more tokens occurred before (in its own
 prompt and output, or in a recent request's output) takes the chain that followed them instead
-of its method's draft, within the same budget, and its method drafts nothing for it that step.
-A long match is where a copy beats any model's guess (code edits, retries, quoted context), and
-the suffix draft costs microseconds where a model's costs forwards. The drafts come from the
+of its method's draft, and its method drafts nothing for it that step. A long match is where a
+copy beats any model's guess (code edits, retries, quoted context), and the suffix draft costs
+microseconds where a model's costs forwards. So a suffix draft may run longer than the method's
+(``sa_spec_max_draft_len``, where TensorRT-LLM stops at ``max_draft_len``); the adaptive draft
+length cuts it by the acceptance suffix drafts have had, apart from the method's. The drafts come from the
 same trees, bounds and defaults as the ``suffix`` method (vLLM's). They are chains with no draft
 distribution: verification treats them as certain, so sampled output stays exact.
 """
@@ -28,7 +30,7 @@ class SuffixDrafts:
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
         self.cache = SuffixCache(DEPTH, MAX_CACHED_REQUESTS, MAX_CACHED_TOKENS)
-        #: Proposals taken from the suffix trees so far.
+        #: Suffix drafts verified instead of the method's so far.
         self.taken = 0
 
     def propose(self, batch: Sequence[Request], budgets: Sequence[int]) -> list[DraftProposal | None]:
@@ -46,10 +48,7 @@ class SuffixDrafts:
         self.cache.extend(rid, request.token_ids, prompt_len)
         draft = self.cache.speculate(rid, request.token_ids, budget, 1.0, 0.0, MIN_TOKEN_PROB, tree=False,
                                      min_match_len=self.threshold)
-        if not draft.token_ids:
-            return None
-        self.taken += 1
-        return DraftProposal(draft.token_ids)
+        return DraftProposal(draft.token_ids) if draft.token_ids else None
 
     def stop(self, request: Request) -> None:
         """The request finished: its tree goes, its output joins the global tree."""
