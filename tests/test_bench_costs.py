@@ -66,3 +66,30 @@ def test_forward_costs_cover_every_verify_width(breakdown, tmp_path):
     assert len(step_table(costs, "ngram").rows) == 3
     plot_costs(costs, tmp_path / "costs.png", "ngram")
     assert (tmp_path / "costs.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_repeated_turn_is_not_drafted_from_its_own_earlier_answer(tiny, monkeypatch, batch_size):
+    """With ``--repeats``, the speculative engine forgets its finished requests before each repeat
+    (suffix decoding would otherwise copy the answer it gave the same prompt a moment ago), and
+    only then: the first round drafts from the outputs of earlier turns as a user's requests would."""
+    from specdec.bench.runner import run_batched_benchmark
+
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=batch_size)
+    spec = LLM(tiny.model, {"method": "suffix"}, tokenizer=tiny.tokenizer, max_batch_size=batch_size)
+    cached_before = []
+    forget = spec.engine.forget_finished
+
+    def recording() -> None:
+        cached_before.append(spec.engine.resource_manager.cache.num_cached_requests)
+        forget()
+        assert spec.engine.resource_manager.cache.num_cached_requests == 0
+
+    monkeypatch.setattr(spec.engine, "forget_finished", recording)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    if batch_size == 1:
+        run_benchmark(plain, spec, None, QUESTIONS, params, 1, repeats=3)
+    else:
+        run_batched_benchmark(plain, spec, QUESTIONS, params, 1, batch_size, repeats=3)
+    # Each question has a category of its own, so each runs alone in batches too: two repeats each.
+    assert len(cached_before) == 2 * len(QUESTIONS) and all(n > 0 for n in cached_before)

@@ -8,6 +8,7 @@ from specdec_ngram import NGramDecodingConfig
 
 from specdec import LLM, ConfigError, DraftProposal, PluginError, SamplingParams, UserProvidedDecodingConfig
 from specdec.runner import ModelRunner
+from specdec.testing.conformance import fixed_draft_len
 from specdec.testing import make_tiny_target, prefilled_batch, tiny_tokenizer
 
 PROMPT_TEXTS = ("hello world, hello", "abc abd abe ab", "one two three, one two")
@@ -363,3 +364,33 @@ def test_out_of_vocabulary_drafts_are_a_plugin_error(tiny):
             llm.generate("hello", SamplingParams(max_tokens=4))
     with pytest.raises(ConfigError, match="prompt: token ids"):
         LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": [10_000]})
+
+
+class NeverRight:
+    """A drafter whose drafts the tiny target never emits, so suffix drafts do all the accepting."""
+
+    def prepare_draft_tokens(self, requests, resource_manager):
+        return [[0] * r.max_draft_len for r in requests]
+
+
+@pytest.mark.parametrize("config", [
+    {"method": "suffix"},
+    {"method": "ngram", "is_public_pool": True},
+    "suffix drafts over a method",
+], ids=["suffix", "ngram-public-pool", "use_sa_spec"])
+def test_forget_finished_drops_what_drafters_remember_of_earlier_requests(tiny, config):
+    """A prompt sent again is drafted from its own earlier answer (more accepted), until the
+    engine forgets its finished requests: then the repeat drafts exactly as the first run did,
+    and the output never changes. (The bench forgets before each repeat of a turn.)"""
+    if config == "suffix drafts over a method":
+        config = UserProvidedDecodingConfig(drafter=NeverRight(), max_draft_len=2, use_sa_spec=True)
+    prompt = {"prompt_token_ids": tiny.encode("the quick brown fox")}
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    with LLM(tiny.model, fixed_draft_len(config), tokenizer=tiny.tokenizer) as llm:
+        first, again = (llm.generate(prompt, params)[0] for _ in range(2))
+        llm.engine.forget_finished()
+        forgotten = llm.generate(prompt, params)[0]
+    assert first.token_ids == again.token_ids == forgotten.token_ids
+    assert again.metrics.num_accepted_tokens > first.metrics.num_accepted_tokens
+    assert (forgotten.metrics.num_drafts, forgotten.metrics.num_accepted_tokens) == (
+        first.metrics.num_drafts, first.metrics.num_accepted_tokens)

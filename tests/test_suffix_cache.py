@@ -59,3 +59,19 @@ def test_running_outputs_are_never_evicted() -> None:
     assert cache.global_tree.matches([1, 2])  # the running request's output stays
     cache.stop(1)
     assert cache.num_cached_requests == 0 and cache.global_tree.num_nodes == 1
+
+
+def test_forget_finished_empties_the_global_tree_and_keeps_running_requests():
+    """After ``forget_finished`` no finished output is drafted from or counted, and a running
+    request still drafts from its own tokens."""
+    cache = SuffixCache(depth=8, max_cached_requests=10, max_cached_tokens=1000)
+    cache.start(1, [1, 2])
+    cache.extend(1, [1, 2, 3, 4, 5, 6, 7], 2)
+    cache.stop(1)
+    cache.start(2, [8, 4, 5])
+    assert cache.speculate(2, [8, 4, 5], 4, 4.0, 0.0, 0.0, tree=False).token_ids == [6, 7]
+    cache.forget_finished()
+    assert cache.num_cached_requests == 0 and cache.cached_tokens == 0
+    assert cache.speculate(2, [8, 4, 5], 4, 4.0, 0.0, 0.0, tree=False).token_ids == []
+    cache.extend(2, [8, 4, 5, 8, 4], 3)
+    assert cache.speculate(2, [8, 4, 5, 8, 4], 4, 4.0, 0.0, 0.0, tree=False).token_ids[:1] == [5]

@@ -139,7 +139,12 @@ class SpeculativeConfig(BaseModel):
 
 
 class DraftingConfig(SpeculativeConfig):
-    """The base of a method that drafts: at least one draft token per step."""
+    """The base of a method that drafts: at least one draft token per step.
+
+    Suffix drafts over the method (``use_sa_spec``) are on by default here: where the context
+    repeats itself, a copy costs microseconds and is accepted further than a model's guess. A
+    method that drafts by copying its context already (n-gram, suffix, lookahead) turns them off.
+    """
 
     max_draft_len: int = Field(
         default=4,
@@ -147,6 +152,14 @@ class DraftingConfig(SpeculativeConfig):
         le=64,
         validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
         description="Most draft tokens proposed per step (vLLM `num_speculative_tokens`).",
+    )
+    use_sa_spec: bool = Field(
+        default=True,
+        description=(
+            "Take the suffix draft instead of the method's when the request's last sa_spec_threshold or more "
+            "tokens occurred before, in its prompt and output or in a recent request's output (TensorRT-LLM "
+            "`use_sa_spec`, off there by default): the method drafts nothing for it that step."
+        ),
     )
 
 

@@ -169,7 +169,9 @@ class DraftBudget:
         plan = StepBudget(budgets, rows)
         if config.use_sa_spec and limit:
             # A schedule that narrows this batch's verify narrows its suffix drafts too.
-            longest = config.sa_spec_max_draft_len if limit == config.max_draft_tokens else min(limit, config.sa_spec_max_draft_len)
+            longest = config.sa_spec_max_draft_len
+            if limit < config.max_draft_tokens:
+                longest = min(limit, longest)
             plan.suffix_budgets = [max(min(longest, left - 1), 0) for left in tokens_left]
         if not self.adaptive or limit == 0:
             return plan

@@ -240,6 +240,14 @@ class Engine:
                 self.runner.forward_rows(cache, [[0] * width] * rows)
                 self.runner.rollback(cache, width)
 
+    def forget_finished(self) -> None:
+        """Forget what the method and the suffix drafts keep of finished requests (see
+        :meth:`~specdec.resources.ResourceManager.forget_finished`)."""
+        if self.resource_manager is not None:
+            self.resource_manager.forget_finished()
+        if self.suffix_drafts is not None:
+            self.suffix_drafts.cache.forget_finished()
+
     def final_text(self, request: Request) -> str:
         return self.stops.final_text(request)
 

@@ -66,6 +66,11 @@ class ResourceManager:
         """Free everything this manager holds. Subclasses call ``super().release()``."""
         self.released = True
 
+    def forget_finished(self) -> None:
+        """Forget what is kept of finished requests (suffix decoding's global tree, a public
+        n-gram pool), as if none had run; running requests keep theirs. A benchmark calls it
+        before it sends a prompt again, so the repeat is not drafted from its own earlier answer."""
+
     def setup_seconds(self) -> float:
         """Seconds spent so far, inside drafting calls, on work a steady drafting step does not do.
 

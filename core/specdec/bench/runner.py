@@ -11,7 +11,10 @@ so throughput sums (output tokens over wall time) stay exact per category and ov
 
 ``repeats`` runs every turn (or batch) that many rounds, each round every mode once with the
 order rotating, and keeps every round: a shared machine's speed drifts by ten percent over
-seconds, so one pair of runs per batch can tell little from noise.
+seconds, so one pair of runs per batch can tell little from noise. Before each repeat, the
+speculative engine forgets its finished requests (:meth:`~specdec.engine.Engine.forget_finished`):
+a drafter that remembers outputs (suffix drafts, a public n-gram pool) would otherwise draft
+the repeat from its own earlier answer.
 """
 
 from __future__ import annotations
@@ -144,6 +147,8 @@ def run_benchmark(
             prompt_ids = q.encode(plain, messages)
             rounds = []
             for round_ in range(repeats):
+                if round_:  # a drafter that remembers outputs must not copy this turn's last answer
+                    spec.engine.forget_finished()
                 runs = {mode: runners[mode](prompt_ids, q.params(params)) for mode in order}
                 # Rotate which mode goes first so drift in machine speed does not favour one.
                 order = order[1:] + order[:1]
@@ -192,6 +197,8 @@ def run_batched_benchmark(
                     prompts.append(q.encode(plain, conversations[q.question_id]))
                 rounds = []
                 for round_ in range(repeats):
+                    if round_:  # a drafter that remembers outputs must not copy these turns' last answers
+                        llms[SPEC].engine.forget_finished()
                     runs = {mode: _run_llm_batch(llms[mode], prompts, [q.params(params) for q in batch]) for mode in order}
                     order = order[1:] + order[:1]
                     rounds.append(runs)

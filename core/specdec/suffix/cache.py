@@ -78,6 +78,13 @@ class SuffixCache:
             self.global_tree.remove(oldest)
             self.cached_tokens -= len(oldest)
 
+    def forget_finished(self) -> None:
+        """Drop every finished request's output from the global tree."""
+        while self._cached:
+            oldest = self._cached.popleft()
+            self.global_tree.remove(oldest)
+            self.cached_tokens -= len(oldest)
+
     def speculate(self, request_id: int, context: list[int], max_tokens: int, max_spec_factor: float,
                   max_spec_offset: float, min_token_prob: float, tree: bool, min_match_len: int = 1) -> Draft:
         """The best draft after ``context`` (the request's tokens) over both trees and every match

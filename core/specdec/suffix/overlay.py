@@ -20,8 +20,11 @@ from specdec.suffix.cache import SuffixCache
 
 #: vLLM's suffix decoding defaults: tree depth, cached requests, least estimated token probability.
 DEPTH, MAX_CACHED_REQUESTS, MIN_TOKEN_PROB = 24, 10000, 0.1
-#: The most output tokens of finished requests the global tree keeps (the suffix method's default).
-MAX_CACHED_TOKENS = 200_000
+#: The most output tokens of finished requests the global tree keeps: a tenth of the suffix
+#: method's default, as suffix drafts are on by default for every model drafter. Each cached
+#: token of chat answers holds about 3.5 KB of tree (200,000 tokens: 690 MB), so this bounds the
+#: global tree near 70 MB while it still covers the last few dozen answers (retries, agent loops).
+MAX_CACHED_TOKENS = 20_000
 
 
 class SuffixDrafts:

@@ -100,6 +100,15 @@ def fixed_draft_len(config: SpeculativeConfig | dict[str, Any]) -> SpeculativeCo
     return config.model_copy(update={"adaptive_draft_len": False})
 
 
+def own_drafts(config: SpeculativeConfig | dict[str, Any]) -> SpeculativeConfig | dict[str, Any]:
+    """``config`` without suffix drafts over the method, unless it sets ``use_sa_spec`` itself."""
+    if isinstance(config, dict):
+        return {"use_sa_spec": False, **config}
+    if "use_sa_spec" in config.model_fields_set:
+        return config
+    return config.model_copy(update={"use_sa_spec": False})
+
+
 def with_suffix_drafts(config: SpeculativeConfig | dict[str, Any], threshold: int = 2) -> SpeculativeConfig | dict[str, Any]:
     """``config`` taking suffix drafts over the method's where the match is long (``use_sa_spec``)."""
     update = {"use_sa_spec": True, "sa_spec_threshold": threshold}
@@ -173,7 +182,11 @@ class MethodConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def config(cls, target: TinyTarget, tmp_path_factory: pytest.TempPathFactory) -> Any:
-        return cls().make_config(target, tmp_path_factory.mktemp("method"))
+        """The method's config, drafting on its own: suffix drafts over it (on by default for a
+        model drafter) would take most steps of a tiny random model's repetitive output, and the
+        tests would prove little about the method. :meth:`test_suffix_drafts_over_the_method_stay_lossless`
+        turns them on; a config that sets ``use_sa_spec`` itself keeps its choice."""
+        return own_drafts(cls().make_config(target, tmp_path_factory.mktemp("method")))
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -16,7 +16,8 @@ from specdec_draft_target.drafter import DraftModel
 
 
 def config(draft: Path, **options: object) -> dict:
-    return {"method": "draft_target", "speculative_model": str(draft), "max_draft_len": 2, **options}
+    """The draft model drafting every step it is asked to (no suffix drafts in its place)."""
+    return {"method": "draft_target", "speculative_model": str(draft), "max_draft_len": 2, "use_sa_spec": False, **options}
 
 
 def test_a_request_never_drafted_for_costs_the_draft_nothing(tiny, small_draft_dir: Path) -> None:

@@ -52,7 +52,9 @@ def _fresh_head(dataset: DumpDataset):
 
 
 def _acceptance(target, head_dir: Path) -> tuple[float, list[list[int]]]:
-    config = {"decoding_type": "eagle3", "speculative_model": str(head_dir), "max_draft_len": 4, "adaptive_draft_len": False}
+    # The head's own drafts: suffix drafts over it would take the tiny target's repetitive steps.
+    config = {"decoding_type": "eagle3", "speculative_model": str(head_dir), "max_draft_len": 4, "adaptive_draft_len": False,
+              "use_sa_spec": False}
     with LLM(target.model, config, tokenizer=target.tokenizer) as llm:
         outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=40), chat=True)
         return llm.get_metrics().mean_acceptance_length, [o.token_ids for o in outputs]
@@ -137,7 +139,7 @@ def test_heldout_walk_predicts_the_engines_acceptance_length(target, workdir: Pa
     export(head, str(directory / "head"), "safeailab", torch.float32, "tiny", (), 4)
     prompts = [r["conversations"][0]["content"] for r in read_conversations(conversations)]
     config = {"decoding_type": "eagle3", "speculative_model": str(directory / "head"), "max_draft_len": 4,
-              "adaptive_draft_len": False}
+              "adaptive_draft_len": False, "use_sa_spec": False}  # the head's own drafts, as predicted
     with LLM(target.model, config, tokenizer=target.tokenizer) as llm:
         llm.generate(prompts, SamplingParams(max_tokens=40), chat=True)
         measured = llm.get_metrics().mean_acceptance_length

@@ -26,6 +26,14 @@ class LookaheadDecodingConfig(DraftingConfig):
 
     method_name: ClassVar[str] = "lookahead"
 
+    use_sa_spec: bool = Field(
+        default=False,
+        description=(
+            "Suffix drafts over the method (TensorRT-LLM `use_sa_spec`); off by default: "
+            "lookahead's n-gram pool drafts from the context already."
+        ),
+    )
+
     max_window_size: int = Field(
         default=DEFAULT_WINDOW, ge=1,
         description="Columns of the lookahead window: future positions guessed in parallel each step (W).",

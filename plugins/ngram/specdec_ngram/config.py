@@ -14,6 +14,14 @@ class NGramDecodingConfig(DraftingConfig):
 
     method_name: ClassVar[str] = "ngram"
 
+    use_sa_spec: bool = Field(
+        default=False,
+        description=(
+            "Suffix drafts over the method (TensorRT-LLM `use_sa_spec`); off by default: "
+            "n-gram drafts are copies of the context already."
+        ),
+    )
+
     max_matching_ngram_size: int = Field(
         default=4,
         ge=1,

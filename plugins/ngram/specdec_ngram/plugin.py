@@ -49,6 +49,10 @@ class NGramResources(ResourceManager):
         self.public_pool = None
         super().release()
 
+    def forget_finished(self) -> None:
+        if self.public_pool is not None:
+            self.public_pool.forget_finished()
+
 
 @hookimpl
 def specdec_register_methods(register: Callable[..., None]) -> None:

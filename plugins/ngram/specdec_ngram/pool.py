@@ -82,6 +82,11 @@ class NGramPool:
         if seq is not None:
             self._finish(seq)
 
+    def forget_finished(self) -> None:
+        """Drop the candidates of every forgotten sequence."""
+        while self._finished:
+            self._evict(self._finished.popleft())
+
     def propose(self, tokens: list[int], max_len: int) -> list[int]:
         """Draft up to ``max_len`` tokens continuing ``tokens``; the longest matching suffix wins."""
         if max_len <= 0:

@@ -14,6 +14,14 @@ class SuffixDecodingConfig(DraftingConfig):
 
     method_name: ClassVar[str] = "suffix"
 
+    use_sa_spec: bool = Field(
+        default=False,
+        description=(
+            "Suffix drafts over the method (TensorRT-LLM `use_sa_spec`); off by default: "
+            "this method drafts from the same suffix trees."
+        ),
+    )
+
     max_draft_len: int = Field(
         default=24,
         ge=1,

@@ -41,6 +41,9 @@ class SuffixResources(ResourceManager):
         self.cache = None
         super().release()
 
+    def forget_finished(self) -> None:
+        self.cache.forget_finished()
+
     def propose(self, request: Request) -> DraftProposal:
         c = self.config
         tree = c.suffix_decoding_tree_spec
