@@ -74,16 +74,17 @@ class SuffixCache:
         self._cached.append(state.output)
         self.cached_tokens += len(state.output)
         while self._cached and (len(self._cached) > self.max_cached_requests or self.cached_tokens > self.max_cached_tokens):
-            oldest = self._cached.popleft()
-            self.global_tree.remove(oldest)
-            self.cached_tokens -= len(oldest)
+            self._evict_oldest()
 
     def forget_finished(self) -> None:
         """Drop every finished request's output from the global tree."""
         while self._cached:
-            oldest = self._cached.popleft()
-            self.global_tree.remove(oldest)
-            self.cached_tokens -= len(oldest)
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        oldest = self._cached.popleft()
+        self.global_tree.remove(oldest)
+        self.cached_tokens -= len(oldest)
 
     def speculate(self, request_id: int, context: list[int], max_tokens: int, max_spec_factor: float,
                   max_spec_offset: float, min_token_prob: float, tree: bool, min_match_len: int = 1) -> Draft:

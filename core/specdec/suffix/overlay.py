@@ -6,9 +6,10 @@ of its method's draft, and its method drafts nothing for it that step. A long ma
 copy beats any model's guess (code edits, retries, quoted context), and the suffix draft costs
 microseconds where a model's costs forwards. So a suffix draft may run longer than the method's
 (``sa_spec_max_draft_len``, where TensorRT-LLM stops at ``max_draft_len``); the adaptive draft
-length cuts it by the acceptance suffix drafts have had, apart from the method's. The drafts come from the
-same trees, bounds and defaults as the ``suffix`` method (vLLM's). They are chains with no draft
-distribution: verification treats them as certain, so sampled output stays exact.
+length cuts it by the acceptance suffix drafts have had, apart from the method's. The drafts
+come from the same trees and defaults as the ``suffix`` method (vLLM's), with a smaller global
+tree. They are chains with no draft distribution: verification treats them as certain, so
+sampled output stays exact.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ pytest then runs every ``test_*`` below against the method, on a tiny random fp3
 - under logits processors (penalties, ``logit_bias``, ``min_tokens``, ``bad_words``, a grammar),
   greedy and seeded output are plain processed decoding's, and sampled output follows the
   processed distribution;
-- metrics add up; resources are released when the ``LLM`` closes.
+- metrics add up; resources are released when the ``LLM`` closes;
+- with suffix drafts over the method (``use_sa_spec``, on by default for a model drafter), greedy
+  and seeded output stay plain decoding's. The other tests run the method's own drafts.
 """
 
 from __future__ import annotations
