@@ -23,6 +23,7 @@ from specdec.draft_policy import (
     progress,
 )
 from specdec.resources import ResourceManager
+from specdec.testing import PadDrafter
 
 
 def estimate(*steps: tuple[int, int], window: int = 16) -> AcceptanceEstimate:
@@ -766,13 +767,6 @@ def test_suffix_drafts_are_cut_by_their_own_acceptance_not_the_methods(tiny):
         assert request.suffix_acceptance.alpha(0) < 0.1
 
 
-class Wrong:
-    """A drafter whose drafts the tiny target never accepts (a token it does not emit)."""
-
-    def prepare_draft_tokens(self, requests, resource_manager):
-        return [[0] * r.max_draft_len for r in requests]
-
-
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_suffix_drafts_run_past_the_methods_length_losslessly(tiny, adaptive):
     """Over a method drafting 2 tokens that are never right, suffix drafts of the tiny target's
@@ -781,7 +775,7 @@ def test_suffix_drafts_run_past_the_methods_length_losslessly(tiny, adaptive):
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello world, hello")}
     params = SamplingParams(max_tokens=80, ignore_eos=True)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
-    config = UserProvidedDecodingConfig(drafter=Wrong(), max_draft_len=2, use_sa_spec=True, sa_spec_threshold=2,
+    config = UserProvidedDecodingConfig(drafter=PadDrafter(), max_draft_len=2, use_sa_spec=True, sa_spec_threshold=2,
                                         sa_spec_max_draft_len=12, adaptive_draft_len=adaptive)
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
         got = llm.generate(prompt, params)[0]

@@ -9,7 +9,7 @@ from specdec_ngram import NGramDecodingConfig
 from specdec import LLM, ConfigError, DraftProposal, PluginError, SamplingParams, UserProvidedDecodingConfig
 from specdec.runner import ModelRunner
 from specdec.testing.conformance import fixed_draft_len
-from specdec.testing import make_tiny_target, prefilled_batch, tiny_tokenizer
+from specdec.testing import PadDrafter, make_tiny_target, prefilled_batch, tiny_tokenizer
 
 PROMPT_TEXTS = ("hello world, hello", "abc abd abe ab", "one two three, one two")
 
@@ -366,13 +366,6 @@ def test_out_of_vocabulary_drafts_are_a_plugin_error(tiny):
         LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate({"prompt_token_ids": [10_000]})
 
 
-class NeverRight:
-    """A drafter whose drafts the tiny target never emits, so suffix drafts do all the accepting."""
-
-    def prepare_draft_tokens(self, requests, resource_manager):
-        return [[0] * r.max_draft_len for r in requests]
-
-
 @pytest.mark.parametrize("config", [
     {"method": "suffix"},
     {"method": "ngram", "is_public_pool": True},
@@ -383,7 +376,7 @@ def test_forget_finished_drops_what_drafters_remember_of_earlier_requests(tiny, 
     engine forgets its finished requests: then the repeat drafts exactly as the first run did,
     and the output never changes. (The bench forgets before each repeat of a turn.)"""
     if config == "suffix drafts over a method":
-        config = UserProvidedDecodingConfig(drafter=NeverRight(), max_draft_len=2, use_sa_spec=True)
+        config = UserProvidedDecodingConfig(drafter=PadDrafter(), max_draft_len=2, use_sa_spec=True)
     prompt = {"prompt_token_ids": tiny.encode("the quick brown fox")}
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     with LLM(tiny.model, fixed_draft_len(config), tokenizer=tiny.tokenizer) as llm:

@@ -6,6 +6,14 @@ from typing import Any, ClassVar
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+#: ``use_sa_spec``'s description, shared by the base config (off) and :class:`DraftingConfig` (on).
+USE_SA_SPEC = (
+    "Take the suffix draft instead of the method's when the request's last sa_spec_threshold or more tokens "
+    "occurred before, in its prompt and output or in a recent request's output (TensorRT-LLM `use_sa_spec`, "
+    "off there by default; on here for every method that drafts with a model): the method drafts nothing for "
+    "it that step."
+)
+
 
 class SpeculativeConfig(BaseModel):
     """Fields every speculation method shares.
@@ -67,14 +75,7 @@ class SpeculativeConfig(BaseModel):
             "batches of 1-4, 2 for 5-8, 1 for 9-32 and none above 32."
         ),
     )
-    use_sa_spec: bool = Field(
-        default=False,
-        description=(
-            "Take the suffix draft instead of the method's when the request's last sa_spec_threshold or more "
-            "tokens occurred before, in its prompt and output or in a recent request's output (TensorRT-LLM "
-            "`use_sa_spec`): the method drafts nothing for it that step."
-        ),
-    )
+    use_sa_spec: bool = Field(default=False, description=USE_SA_SPEC)
     sa_spec_threshold: int = Field(
         default=4, ge=1, le=24,
         description="The shortest match, in tokens, whose suffix draft replaces the method's (TensorRT-LLM's name).",
@@ -84,8 +85,8 @@ class SpeculativeConfig(BaseModel):
         description=(
             "The most tokens a suffix draft holds, which may exceed the method's own max_draft_len: a long "
             "match is where a copy runs furthest (TensorRT-LLM caps it at max_draft_len; set it so to match). "
-            "A match of m tokens drafts at most m, and adaptive_draft_len cuts each suffix draft by the "
-            "acceptance suffix drafts have had."
+            "A match of m tokens drafts at most m + 4 (the suffix method's defaults), and adaptive_draft_len cuts "
+            "each suffix draft by the acceptance suffix drafts have had."
         ),
     )
 
@@ -153,14 +154,7 @@ class DraftingConfig(SpeculativeConfig):
         validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
         description="Most draft tokens proposed per step (vLLM `num_speculative_tokens`).",
     )
-    use_sa_spec: bool = Field(
-        default=True,
-        description=(
-            "Take the suffix draft instead of the method's when the request's last sa_spec_threshold or more "
-            "tokens occurred before, in its prompt and output or in a recent request's output (TensorRT-LLM "
-            "`use_sa_spec`, off there by default): the method drafts nothing for it that step."
-        ),
-    )
+    use_sa_spec: bool = Field(default=True, description=USE_SA_SPEC)
 
 
 class PlainDecodingConfig(SpeculativeConfig):

@@ -7,7 +7,7 @@ copy beats any model's guess (code edits, retries, quoted context), and the suff
 microseconds where a model's costs forwards. So a suffix draft may run longer than the method's
 (``sa_spec_max_draft_len``, where TensorRT-LLM stops at ``max_draft_len``); the adaptive draft
 length cuts it by the acceptance suffix drafts have had, apart from the method's. The drafts
-come from the same trees and defaults as the ``suffix`` method (vLLM's), with a smaller global
+come from the same trees and defaults as the ``suffix`` method, with a smaller global
 tree. They are chains with no draft distribution: verification treats them as certain, so
 sampled output stays exact.
 """
@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from specdec.requests import DraftProposal, Request
 from specdec.suffix.cache import SuffixCache
 
-#: vLLM's suffix decoding defaults: tree depth, cached requests, least estimated token probability.
+#: The suffix method's defaults (vLLM's): tree depth, cached requests, least estimated token probability.
 DEPTH, MAX_CACHED_REQUESTS, MIN_TOKEN_PROB = 24, 10000, 0.1
+#: The suffix method's defaults too: a match of m tokens drafts at most m * factor + offset.
+MAX_SPEC_FACTOR, MAX_SPEC_OFFSET = 1.0, 4.0
 #: The most output tokens of finished requests the global tree keeps: a tenth of the suffix
 #: method's default, as suffix drafts are on by default for every model drafter. Each cached
 #: token of chat answers holds about 3.5 KB of tree (200,000 tokens: 690 MB), so this bounds the
@@ -50,8 +52,8 @@ class SuffixDrafts:
         if rid not in self.cache:
             self.cache.start(rid, request.token_ids[:prompt_len])
         self.cache.extend(rid, request.token_ids, prompt_len)
-        draft = self.cache.speculate(rid, request.token_ids, budget, 1.0, 0.0, MIN_TOKEN_PROB, tree=False,
-                                     min_match_len=self.threshold)
+        draft = self.cache.speculate(rid, request.token_ids, budget, MAX_SPEC_FACTOR, MAX_SPEC_OFFSET,
+                                     MIN_TOKEN_PROB, tree=False, min_match_len=self.threshold)
         return DraftProposal(draft.token_ids) if draft.token_ids else None
 
     def stop(self, request: Request) -> None:

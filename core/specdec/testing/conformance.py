@@ -95,28 +95,27 @@ def chi_square_p_value(observed: dict[tuple[int, ...], int], expected: dict[tupl
     return float(chisquare(obs, [e * scale for e in exp]).pvalue)
 
 
+def _updated(config: SpeculativeConfig | dict[str, Any], **update: Any) -> SpeculativeConfig | dict[str, Any]:
+    """``config`` (a config object or a dict) with ``update`` applied."""
+    if isinstance(config, dict):
+        return {**config, **update}
+    return config.model_copy(update=update)
+
+
 def fixed_draft_len(config: SpeculativeConfig | dict[str, Any]) -> SpeculativeConfig | dict[str, Any]:
     """``config`` with the adaptive draft length off, so every proposal is verified in full."""
-    if isinstance(config, dict):
-        return {**config, "adaptive_draft_len": False}
-    return config.model_copy(update={"adaptive_draft_len": False})
+    return _updated(config, adaptive_draft_len=False)
 
 
 def own_drafts(config: SpeculativeConfig | dict[str, Any]) -> SpeculativeConfig | dict[str, Any]:
     """``config`` without suffix drafts over the method, unless it sets ``use_sa_spec`` itself."""
-    if isinstance(config, dict):
-        return {"use_sa_spec": False, **config}
-    if "use_sa_spec" in config.model_fields_set:
-        return config
-    return config.model_copy(update={"use_sa_spec": False})
+    chosen = "use_sa_spec" in (config if isinstance(config, dict) else config.model_fields_set)
+    return config if chosen else _updated(config, use_sa_spec=False)
 
 
 def with_suffix_drafts(config: SpeculativeConfig | dict[str, Any], threshold: int = 2) -> SpeculativeConfig | dict[str, Any]:
     """``config`` taking suffix drafts over the method's where the match is long (``use_sa_spec``)."""
-    update = {"use_sa_spec": True, "sa_spec_threshold": threshold}
-    if isinstance(config, dict):
-        return {**config, **update}
-    return config.model_copy(update=update)
+    return _updated(config, use_sa_spec=True, sa_spec_threshold=threshold)
 
 
 def recorded_proposals(monkeypatch: pytest.MonkeyPatch, resources: type) -> list[tuple[list[int], Any]]:

@@ -102,3 +102,12 @@ def target_text(model: torch.nn.Module, num: int, length: int, generator: torch.
         greedy = (torch.arange(num) % 2 == 0)[:, None]
         ids = torch.cat([ids, torch.where(greedy, top.indices[:, :1], sampled)], dim=1)
     return ids
+
+
+class PadDrafter:
+    """A ``user_provided`` drafter that drafts the pad token (id 0) at every position. A tiny
+    target's output does not contain it, so its drafts are all rejected: the tests that use it
+    see what suffix drafts (or the policy) do over a method that never lands."""
+
+    def prepare_draft_tokens(self, requests: list[Any], resource_manager: Any) -> list[list[int]]:
+        return [[0] * r.max_draft_len for r in requests]

@@ -52,8 +52,12 @@ class SuffixDecodingConfig(DraftingConfig):
         description="A match of m tokens drafts at most max_spec_factor * m + max_spec_offset tokens.",
     )
     suffix_decoding_max_spec_offset: float = Field(
-        default=0.0,
-        description="Added to max_spec_factor * m (arctic-inference's `max_spec_offset`).",
+        default=4.0,
+        description=(
+            "Added to max_spec_factor * m (arctic-inference's `max_spec_offset`; 0 there and in vLLM, which has no "
+            "such option). 4 lets a fresh match, such as a reply returning to its prompt's text after an edit, "
+            "draft a few tokens past its length; the adaptive draft length cuts what does not pay."
+        ),
     )
     suffix_decoding_min_token_prob: float = Field(
         default=0.1, ge=0.0, le=1.0,
