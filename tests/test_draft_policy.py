@@ -1,6 +1,7 @@
 """Adaptive draft length: speculate only when the expected tokens pay for the verify cost."""
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -765,6 +766,29 @@ def test_suffix_drafts_are_cut_by_their_own_acceptance_not_the_methods(tiny):
         policy.observe(plan, [request], [copy], [VerifyResult(num_accepted=0, next_token=1)], 0.01)
         assert request.acceptance.alpha(0) == before
         assert request.suffix_acceptance.alpha(0) < 0.1
+
+
+@pytest.mark.parametrize(("method_lands", "suffix_lands", "taken"), [
+    (2, 10, True),   # a copy that lands in full beats a method that lands its 2 tokens
+    (2, 1, False),   # a copy that lands 1 token a step gives way to that method
+    (0, 1, True),    # ... but not to a method that never lands (paused: plain decoding)
+])
+def test_a_suffix_draft_replaces_the_methods_only_when_expected_to_gain_more(tiny, method_lands, suffix_lands, taken):
+    """A suffix draft that pays against plain decoding still gives way to its request's method
+    when the method's draft at its planned budget is expected to progress faster per unit of
+    cost: the choice is between the two drafts, not between a copy and nothing."""
+    config = {"method": "ngram", "num_speculative_tokens": 2, "use_sa_spec": True}
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        policy = llm.engine.policy
+        cost = ForwardCost([1.0] + [1.3] * 24, base_seconds=1.0)
+        policy._costs = lambda rows: SimpleNamespace(at=lambda context: cost)  # the same costs at every context
+        request = llm.engine.new_request([1, 2, 3], SamplingParams(temperature=0.0))
+        request.acceptance = steady(16, 2, method_lands)
+        request.suffix_acceptance = steady(16, 10, suffix_lands)
+        plan = policy.plan([request], 10, [100])
+        assert plan.budgets == ([2] if method_lands else [0])
+        (kept,) = policy.suffix_drafted(plan, [request], [DraftProposal(list(range(5, 15)))])
+        assert (kept is not None) == taken and (plan.suffix_rows == {request.request_id}) == taken
 
 
 @pytest.mark.parametrize("adaptive", [False, True])

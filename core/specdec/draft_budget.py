@@ -48,6 +48,9 @@ class StepBudget:
     suffix_budgets: list[int] = field(default_factory=list)
     #: The requests (by id) whose suffix draft this step verifies instead of their method's.
     suffix_rows: set[int] = field(default_factory=set)
+    #: Each request's expected progress per unit of cost (plain decoding: 1) with its method's
+    #: draft at its budget, by request id: what a suffix draft must beat to replace it.
+    method_rates: dict[int, float] = field(default_factory=dict)
 
     def remaining_of(self, batch: Sequence[Request]) -> list[int] | None:
         return [self.remaining[r.request_id] for r in batch] if self.remaining is not None else None
@@ -187,13 +190,18 @@ class DraftBudget:
             draft_cost, setup_cost = 0.0, setup_cost + draft_cost
         # A batch whose recent acceptance does not pay for the drafting and the wider forward
         # skips the drafter; a tree keeps the nodes that pay.
+        tree = config.max_draft_tokens > config.max_draft_len
         keep = plan.cost.best_length(
-            [r.acceptance for r in batch], budgets, draft_cost, config.max_draft_tokens > config.max_draft_len,
-            setup_cost, plan.remaining_of(batch),
+            [r.acceptance for r in batch], budgets, draft_cost, tree, setup_cost, plan.remaining_of(batch),
         )
         if keep == 0 and measured is not None:
             measured.fade(config.adaptive_window)
         plan.budgets = [min(b, keep) for b in budgets]
+        if plan.suffix_budgets:
+            plan.method_rates = {
+                r.request_id: plan.cost.rates([r.acceptance], [b], draft_cost, tree, setup_cost)[-1]
+                for r, b in zip(batch, plan.budgets)
+            }
         return plan
 
     def drafted(self, plan: StepBudget, batch: Sequence[Request], proposals: list[DraftProposal], seconds: float,
@@ -226,16 +234,26 @@ class DraftBudget:
     def suffix_drafted(self, plan: StepBudget, batch: Sequence[Request],
                        proposals: list[DraftProposal | None]) -> list[DraftProposal | None]:
         """``proposals`` (a suffix draft or ``None`` per request) cut to the length worth verifying
-        by the acceptance suffix drafts have had, as :meth:`drafted` cuts a method's; a draft cut
-        to nothing becomes ``None`` (the method drafts for its request). Records which requests
-        take theirs."""
+        by the acceptance suffix drafts have had, as :meth:`drafted` cuts a method's. A draft cut
+        to nothing, or expected to gain less than its request's method would with its own draft,
+        becomes ``None`` (the method drafts for its request). Records which requests take theirs."""
         taken = [(r, p) for r, p in zip(batch, proposals) if p is not None]
         if taken and plan.cost is not None:
             keep = plan.cost.best_length([r.suffix_acceptance for r, _ in taken], [len(p) for _, p in taken],
                                          remaining=plan.remaining_of([r for r, _ in taken]))
             proposals = [p.truncated(keep) if p is not None and keep else None for p in proposals]
+            proposals = [
+                p if p is None or self._beats_method(plan, r, len(p)) else None for r, p in zip(batch, proposals)
+            ]
         plan.suffix_rows = {r.request_id for r, p in zip(batch, proposals) if p is not None}
         return proposals
+
+    @staticmethod
+    def _beats_method(plan: StepBudget, request: Request, length: int) -> bool:
+        """Whether ``request``'s suffix draft of ``length`` tokens is expected to progress faster
+        per unit of cost than its method's draft at its budget (no cost to draft: it exists)."""
+        rate = plan.cost.rates([request.suffix_acceptance], [length])[-1]
+        return rate > plan.method_rates.get(request.request_id, 1.0)
 
     def observe(self, plan: StepBudget, batch: Sequence[Request], proposals: Sequence[DraftProposal],
                 results: Sequence[VerifyResult], seconds: float) -> None:

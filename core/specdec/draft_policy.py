@@ -431,20 +431,33 @@ class ForwardCost:
         ``remaining[b]``, given for a batch that only drains toward known lengths, is the tokens
         request ``b`` has left: progress then counts the batch's end (see :func:`progress`).
         """
-        longest = min(max(offered, default=0), len(self.relative) - 1)
-        expected = AcceptanceEstimate.expected_tree_tokens if tree else AcceptanceEstimate.expected_tokens
-        gains = [expected(e, min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
-        rates = [
-            progress([g[min(n, len(g) - 1)] for g in gains], remaining)
-            / (self.relative[n] + draft_cost * n + (setup_cost if n else 0.0))
-            for n in range(longest + 1)
-        ]
-        best = max(rates)
+        rates = self.rates(estimates, offered, draft_cost, tree, setup_cost, remaining)
+        longest, best = len(rates) - 1, max(rates)
         if rates[0] == best:
             # Drafting must be expected to win, not merely to lose less than the tolerance.
             return 0
         # The tolerance keeps longer drafts near the best, never one expected to lose to plain decoding.
         return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE) and rates[n] > rates[0])
+
+    def rates(
+        self,
+        estimates: Sequence[AcceptanceEstimate],
+        offered: Sequence[int],
+        draft_cost: float = 0.0,
+        tree: bool = False,
+        setup_cost: float = 0.0,
+        remaining: Sequence[int] | None = None,
+    ) -> list[float]:
+        """The batch's expected progress per unit of cost (plain decoding: 1) for every draft
+        length 0 .. the longest offered; the arguments are :meth:`best_length`'s."""
+        longest = min(max(offered, default=0), len(self.relative) - 1)
+        expected = AcceptanceEstimate.expected_tree_tokens if tree else AcceptanceEstimate.expected_tokens
+        gains = [expected(e, min(n, longest)) for e, n in zip(estimates, offered, strict=True)]
+        return [
+            progress([g[min(n, len(g) - 1)] for g in gains], remaining)
+            / (self.relative[n] + draft_cost * n + (setup_cost if n else 0.0))
+            for n in range(longest + 1)
+        ]
 
 
 class ContextCost:
