@@ -768,6 +768,29 @@ def test_suffix_drafts_are_cut_by_their_own_acceptance_not_the_methods(tiny):
         assert request.suffix_acceptance.alpha(0) < 0.1
 
 
+@pytest.mark.parametrize("tree_spec", [True, False])
+def test_a_suffix_tree_budget_counts_nodes(tiny, tree_spec):
+    """Suffix decoding's tree may be as deep as it is wide (``max_draft_tokens == max_draft_len``),
+    yet its budget is a node count: the policy prices it by each node's acceptance, as it does
+    other trees, and a chain (``suffix_decoding_tree_spec: false``) by each position's. Here the
+    two estimates give different budgets."""
+    config = {"method": "suffix", "suffix_decoding_tree_spec": tree_spec}
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        policy = llm.engine.policy
+        cost = ForwardCost([1.0 + 0.03 * width for width in range(25)], base_seconds=1.0)
+        policy._costs = lambda rows: SimpleNamespace(at=lambda context: cost)  # the same costs at every context
+        request = llm.engine.new_request([1, 2, 3], SamplingParams(temperature=0.0))
+        request.acceptance = AcceptanceEstimate(16)
+        for step in range(16):
+            if step % 8:  # a branching tree: node 0 accepted, nodes 1-4 its siblings or theirs
+                request.acceptance.update(2, 1, (5, frozenset({0})))
+            else:  # a copy: a chain of 12, all accepted
+                request.acceptance.update(12, 12, (12, frozenset(range(12))))
+        as_chain, as_tree = (cost.best_length([request.acceptance], [24], tree=tree) for tree in (False, True))
+        assert as_chain < as_tree
+        assert policy.plan([request], 10, [100]).budgets == [as_tree if tree_spec else as_chain]
+
+
 @pytest.mark.parametrize(("method_lands", "suffix_lands", "taken"), [
     (2, 10, True),   # a copy that lands in full beats a method that lands its 2 tokens
     (2, 1, False),   # a copy that lands 1 token a step gives way to that method

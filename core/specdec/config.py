@@ -119,6 +119,14 @@ class SpeculativeConfig(BaseModel):
         return self.max_draft_len
 
     @property
+    def drafts_trees(self) -> bool:
+        """Whether the method drafts trees, whose budgets count nodes and whose worth comes from
+        each node's acceptance. By default, a method verifying more tokens than its depth
+        (``max_draft_tokens > max_draft_len``); a method whose trees may be as deep as they are
+        wide (suffix decoding) says so itself."""
+        return self.max_draft_tokens > self.max_draft_len
+
+    @property
     def max_verify_drafts(self) -> int:
         """The most draft tokens one request can verify in a step: the method's, or a longer
         suffix draft's (``use_sa_spec``). Verify forwards are prepared and their costs measured

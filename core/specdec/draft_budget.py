@@ -190,7 +190,7 @@ class DraftBudget:
             draft_cost, setup_cost = 0.0, setup_cost + draft_cost
         # A batch whose recent acceptance does not pay for the drafting and the wider forward
         # skips the drafter; a tree keeps the nodes that pay.
-        tree = config.max_draft_tokens > config.max_draft_len
+        tree = config.drafts_trees
         keep = plan.cost.best_length(
             [r.acceptance for r in batch], budgets, draft_cost, tree, setup_cost, plan.remaining_of(batch),
         )

@@ -70,6 +70,11 @@ class SuffixDecodingConfig(DraftingConfig):
         ),
     )
 
+    @property
+    def drafts_trees(self) -> bool:
+        """A tree of up to ``max_draft_len`` nodes, as deep as a match allows (``suffix_decoding_tree_spec``)."""
+        return self.suffix_decoding_tree_spec
+
     @model_validator(mode="after")
     def _draft_within_depth(self) -> SuffixDecodingConfig:
         if self.max_draft_len > self.suffix_decoding_max_tree_depth and not self.suffix_decoding_tree_spec:
