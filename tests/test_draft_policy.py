@@ -814,6 +814,25 @@ def test_a_suffix_draft_replaces_the_methods_only_when_expected_to_gain_more(tin
         assert (kept is not None) == taken and (plan.suffix_rows == {request.request_id}) == taken
 
 
+def test_over_a_tree_method_a_suffix_draft_need_only_beat_plain_decoding(tiny):
+    """A tree's verify costs more than the chain forwards the policy's costs were measured on, so
+    a tree method's expected rate is not set against a suffix chain's: over lookahead (a tree
+    method) a suffix draft that pays against plain decoding is taken, whatever the method's
+    own acceptance."""
+    config = {"method": "lookahead", "use_sa_spec": True}
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        policy = llm.engine.policy
+        cost = ForwardCost([1.0] + [1.3] * 40, base_seconds=1.0)
+        policy._costs = lambda rows: SimpleNamespace(at=lambda context: cost)  # the same costs at every context
+        request = llm.engine.new_request([1, 2, 3], SamplingParams(temperature=0.0))
+        request.acceptance = steady(16, 2, 2)
+        request.suffix_acceptance = steady(16, 10, 1)
+        plan = policy.plan([request], 10, [100])
+        assert plan.method_rates == {} and any(plan.budgets)
+        (kept,) = policy.suffix_drafted(plan, [request], [DraftProposal(list(range(5, 15)))])
+        assert kept is not None and plan.suffix_rows == {request.request_id}
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_suffix_drafts_run_past_the_methods_length_losslessly(tiny, adaptive):
     """Over a method drafting 2 tokens that are never right, suffix drafts of the tiny target's

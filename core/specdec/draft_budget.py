@@ -49,7 +49,8 @@ class StepBudget:
     #: The requests (by id) whose suffix draft this step verifies instead of their method's.
     suffix_rows: set[int] = field(default_factory=set)
     #: Each request's expected progress per unit of cost (plain decoding: 1) with its method's
-    #: draft at its budget, by request id: what a suffix draft must beat to replace it.
+    #: draft at its budget, by request id: what a suffix draft must beat to replace it (a chain
+    #: method's; over a tree method, and where absent, a suffix draft must beat plain decoding).
     method_rates: dict[int, float] = field(default_factory=dict)
 
     def remaining_of(self, batch: Sequence[Request]) -> list[int] | None:
@@ -197,9 +198,11 @@ class DraftBudget:
         if keep == 0 and measured is not None:
             measured.fade(config.adaptive_window)
         plan.budgets = [min(b, keep) for b in budgets]
-        if plan.suffix_budgets:
+        if plan.suffix_budgets and not tree:
+            # A tree's verify is not priced on the chain forwards the costs were measured on (its
+            # mask and path moves cost more), so a tree method's rate is not set against a chain's.
             plan.method_rates = {
-                r.request_id: plan.cost.rates([r.acceptance], [b], draft_cost, tree, setup_cost)[-1]
+                r.request_id: plan.cost.rates([r.acceptance], [b], draft_cost, setup_cost=setup_cost)[-1]
                 for r, b in zip(batch, plan.budgets)
             }
         return plan
