@@ -43,14 +43,14 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from specdec.bench.dataset import REPEATED, load_questions  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 AIPERF_VENV = ROOT / ".venv-aiperf"
 AIPERF_VERSION = "0.13.0"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-PROMPT_SETS = {"sum_rag": ("summarization", "rag"), "mt_bench": MT_BENCH, "repeat": MT_BENCH}
-#: Prompt sets whose prompts are sent twice over, in the same order.
-REPEATED = ("repeat",)
+#: Spec-Bench first turns by category; `repeat` is specdec bench's `--dataset repeated`.
+PROMPT_SETS = {"sum_rag": ("summarization", "rag"), "mt_bench": MT_BENCH, "repeat": None}
 #: (label, `specdec serve` method arguments, prompt sets it runs); the plain server runs every
 #: set the chosen speculative servers run.
 SERVERS = {
@@ -86,7 +86,7 @@ def main() -> None:
         [sys.executable, "-c", "from specdec.models import default_model_dir; print(default_model_dir())"], text=True
     ).strip()
     for name, categories in PROMPT_SETS.items():
-        _write_prompts(args.out / f"{name}.jsonl", categories, repeated=name in REPEATED)
+        _write_prompts(args.out / f"{name}.jsonl", categories)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     unknown = [s for s in servers if s not in SERVERS]
@@ -134,19 +134,17 @@ def _aiperf() -> Path:
     return exe
 
 
-def _write_prompts(path: Path, categories: tuple[str, ...], repeated: bool = False) -> None:
+def _write_prompts(path: Path, categories: tuple[str, ...] | None) -> None:
     """aiperf's single_turn format, one {"text": first turn} per line, taking the categories in
     turn (aiperf sends the file in order, so any first N prompts cover every category).
-    ``repeated``: one prompt per category, then the same prompts again."""
-    by_category: dict[str, list[str]] = {c: [] for c in categories}
-    with SPEC_BENCH.open() as src:
-        for line in src:
-            row = json.loads(line)
-            if row["category"] in by_category:
-                by_category[row["category"]].append(row["turns"][0])
-    groups = list(zip(*by_category.values()))
-    if repeated:
-        groups = groups[:1] * 2
+    ``None``: the repeated-request set, in its order."""
+    if categories is None:
+        groups = [[q.turns[0] for q in load_questions(REPEATED)]]
+    else:
+        by_category: dict[str, list[str]] = {c: [] for c in categories}
+        for question in load_questions("spec_bench", list(categories)):
+            by_category[question.category].append(question.turns[0])
+        groups = list(zip(*by_category.values()))
     with path.open("w") as out:
         for group in groups:
             out.writelines(json.dumps({"text": text}) + "\n" for text in group)

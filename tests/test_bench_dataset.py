@@ -69,3 +69,17 @@ def test_tool_call_rows_offer_their_tools_and_constrain_the_call(tiny):
     llm = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
     messages = [{"role": "user", "content": "hi"}]
     assert len(named.encode(llm, messages)) > len(llm.encode(messages, chat=True))
+
+
+def test_repeated_sends_each_mt_bench_first_turn_again_after_all_were_answered():
+    """The repeated-request set: one first turn per MT-Bench category, then the same turns again
+    under ``repeat``, so a cap per category keeps the same prompts in both halves."""
+    questions = load_questions("repeated")
+    first, again = questions[:8], questions[8:]
+    assert [q.category for q in first] == ["first"] * 8 and [q.category for q in again] == ["repeat"] * 8
+    assert [q.turns for q in again] == [q.turns for q in first] and all(len(q.turns) == 1 for q in questions)
+    sources = {q.question_id: q for q in load_questions("spec_bench", ["mt_bench"], per_category=1)}
+    assert [sources[q.question_id].turns[0] for q in first] == [q.turns[0] for q in first]
+    assert len({sources[q.question_id].category for q in first}) == 8
+    capped = load_questions("repeated", per_category=3)
+    assert [q.turns for q in capped[3:]] == [q.turns for q in capped[:3]]

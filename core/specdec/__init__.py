@@ -30,7 +30,7 @@ from specdec.runner import ModelRunner, cache_keyword
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 from specdec.setup_time import SetupClock, catch_up
 from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
-from specdec.suffix import SuffixCache
+from specdec.suffix import SUFFIX_DEFAULTS, SuffixCache
 from specdec.trees import DraftTree, TreeCandidates, node_depths, parents_of_paths, path_to
 from specdec.verify import verify_requests
 
@@ -62,6 +62,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "ResourceManager",
+    "SUFFIX_DEFAULTS",
     "SamplingParams",
     "SetupClock",
     "SpecdecError",

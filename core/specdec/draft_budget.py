@@ -238,8 +238,9 @@ class DraftBudget:
                        proposals: list[DraftProposal | None]) -> list[DraftProposal | None]:
         """``proposals`` (a suffix draft or ``None`` per request) cut to the length worth verifying
         by the acceptance suffix drafts have had, as :meth:`drafted` cuts a method's. A draft cut
-        to nothing, or expected to gain less than its request's method would with its own draft,
-        becomes ``None`` (the method drafts for its request). Records which requests take theirs."""
+        to nothing, or expected to gain less than its request's method would with its own draft
+        (over a tree method, than plain decoding: see :attr:`StepBudget.method_rates`), becomes
+        ``None`` (the method drafts for its request). Records which requests take theirs."""
         taken = [(r, p) for r, p in zip(batch, proposals) if p is not None]
         if taken and plan.cost is not None:
             keep = plan.cost.best_length([r.suffix_acceptance for r, _ in taken], [len(p) for _, p in taken],
@@ -254,7 +255,8 @@ class DraftBudget:
     @staticmethod
     def _beats_method(plan: StepBudget, request: Request, length: int) -> bool:
         """Whether ``request``'s suffix draft of ``length`` tokens is expected to progress faster
-        per unit of cost than its method's draft at its budget (no cost to draft: it exists)."""
+        per unit of cost than its method's chain at its budget, or than plain decoding where the
+        plan holds no rate for it (a tree method's, or no draft); no cost to draft: it exists."""
         rate = plan.cost.rates([request.suffix_acceptance], [length])[-1]
         return rate > plan.method_rates.get(request.request_id, 1.0)
 

@@ -25,6 +25,11 @@ BUNDLED = {"spec_bench": "spec_bench/question.jsonl", "humaneval": "humaneval/qu
            "code_edits": "code_edits/question.jsonl", "json_extraction": "json_extraction/question.jsonl",
            "tool_calls": "tool_calls/question.jsonl"}
 
+#: The repeated-request set, built from ``spec_bench``: the first prompt of each MT-Bench category
+#: sent once (category ``first``), then the same eight prompts again (``repeat``), as retries,
+#: n-sampling and agent loops send a task again. Only its first turns are sent.
+REPEATED = "repeated"
+
 #: Names for groups of Spec-Bench's categories: its multi-turn conversation part is MT-Bench's
 #: eight categories, 10 prompts each.
 CATEGORY_GROUPS = {
@@ -57,14 +62,17 @@ class Question:
 
 
 def load_questions(dataset: str, categories: list[str] | None = None, per_category: int | None = None) -> list[Question]:
-    """Questions of ``dataset`` (a bundled name or a jsonl path), filtered and capped per category."""
+    """Questions of ``dataset`` (a bundled name, ``repeated`` or a jsonl path), filtered and capped per category."""
+    if dataset == REPEATED:
+        return _select(_repeated(load_questions("spec_bench", ["mt_bench"], 1)), REPEATED, categories, per_category)
     if dataset in BUNDLED:
         text = resources.files("specdec.data").joinpath(BUNDLED[dataset]).read_text()
     else:
         try:
             text = Path(dataset).read_text()
         except OSError as exc:
-            raise ConfigError(f"--dataset: cannot read {dataset!r} ({exc.strerror}); use {', '.join(BUNDLED)} or a jsonl file") from None
+            raise ConfigError(f"--dataset: cannot read {dataset!r} ({exc.strerror}); use {', '.join([*BUNDLED, REPEATED])} "
+                              "or a jsonl file") from None
         except UnicodeDecodeError:
             raise ConfigError(f"--dataset: {dataset!r} is not UTF-8 text") from None
     source = dataset
@@ -87,6 +95,15 @@ def load_questions(dataset: str, categories: list[str] | None = None, per_catego
             raise ConfigError(f"--dataset: {source} line {n}: {exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--dataset: {source} line {n} is not a Spec-Bench row ({type(exc).__name__}: {exc})") from None
+    return _select(questions, source, categories, per_category)
+
+
+def _repeated(questions: list[Question]) -> list[Question]:
+    once = [Question(q.question_id, "first", q.turns[:1]) for q in questions]
+    return once + [Question(f"{q.question_id}/again", "repeat", q.turns) for q in once]
+
+
+def _select(questions: list[Question], source: str, categories: list[str] | None, per_category: int | None) -> list[Question]:
     if categories:
         known = {q.category for q in questions}
         categories = [c for group in categories for c in (CATEGORY_GROUPS.get(group, (group,)) if group not in known else (group,))]

@@ -28,7 +28,8 @@ BASELINES = {"none", "hf", "hf-static", "eager"}
 @model_options
 @sampling_options
 @click.option("--dataset", default="spec_bench", show_default=True, help="spec_bench, humaneval, code_edits, json_extraction (answers under a JSON schema), tool_calls (OpenAI tools, "
-                   "required or named calls) or a Spec-Bench-format jsonl file.")
+                   "required or named calls), repeated (MT-Bench first turns, sent again as `repeat` after all were answered) "
+                   "or a Spec-Bench-format jsonl file.")
 @click.option("--categories", default=None, help="Comma-separated categories (default: all).")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=None, help="Prompts per category (default: all).")
 @click.option("--max-turns", type=click.IntRange(min=1), default=2, show_default=True, help="Turns per prompt (mt_bench prompts have 2).")

@@ -21,6 +21,24 @@ from dataclasses import dataclass, field
 from specdec.suffix.tree import Draft, SuffixTree
 
 
+@dataclass(frozen=True)
+class SuffixDefaults:
+    """Suffix decoding's defaults (vLLM's, but for ``max_spec_offset``, arctic-inference's option),
+    shared by the ``suffix`` method's config and the suffix drafts over other methods."""
+
+    max_tree_depth: int = 24
+    max_cached_requests: int = 10000
+    max_cached_tokens: int = 200_000
+    max_spec_factor: float = 1.0
+    #: vLLM has no such option (0 in arctic-inference): 4 lets a fresh match, such as a reply
+    #: returning to its prompt's text after an edit, draft a few tokens past its length.
+    max_spec_offset: float = 4.0
+    min_token_prob: float = 0.1
+
+
+SUFFIX_DEFAULTS = SuffixDefaults()
+
+
 @dataclass
 class _Running:
     tree: SuffixTree

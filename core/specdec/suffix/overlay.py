@@ -17,17 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specdec.requests import DraftProposal, Request
-from specdec.suffix.cache import SuffixCache
+from specdec.suffix.cache import SUFFIX_DEFAULTS, SuffixCache
 
-#: The suffix method's defaults (vLLM's): tree depth, cached requests, least estimated token probability.
-DEPTH, MAX_CACHED_REQUESTS, MIN_TOKEN_PROB = 24, 10000, 0.1
-#: The suffix method's defaults too: a match of m tokens drafts at most m * factor + offset.
-MAX_SPEC_FACTOR, MAX_SPEC_OFFSET = 1.0, 4.0
 #: The most output tokens of finished requests the global tree keeps: a tenth of the suffix
 #: method's default, as suffix drafts are on by default for every model drafter. Each cached
 #: token of chat answers holds about 3.5 KB of tree (200,000 tokens: 690 MB), so this bounds the
 #: global tree near 70 MB while it still covers the last few dozen answers (retries, agent loops).
-MAX_CACHED_TOKENS = 20_000
+MAX_CACHED_TOKENS = SUFFIX_DEFAULTS.max_cached_tokens // 10
 
 
 class SuffixDrafts:
@@ -35,7 +31,7 @@ class SuffixDrafts:
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
-        self.cache = SuffixCache(DEPTH, MAX_CACHED_REQUESTS, MAX_CACHED_TOKENS)
+        self.cache = SuffixCache(SUFFIX_DEFAULTS.max_tree_depth, SUFFIX_DEFAULTS.max_cached_requests, MAX_CACHED_TOKENS)
         #: Suffix drafts verified instead of the method's so far.
         self.taken = 0
 
@@ -52,8 +48,9 @@ class SuffixDrafts:
         if rid not in self.cache:
             self.cache.start(rid, request.token_ids[:prompt_len])
         self.cache.extend(rid, request.token_ids, prompt_len)
-        draft = self.cache.speculate(rid, request.token_ids, budget, MAX_SPEC_FACTOR, MAX_SPEC_OFFSET,
-                                     MIN_TOKEN_PROB, tree=False, min_match_len=self.threshold)
+        d = SUFFIX_DEFAULTS
+        draft = self.cache.speculate(rid, request.token_ids, budget, d.max_spec_factor, d.max_spec_offset,
+                                     d.min_token_prob, tree=False, min_match_len=self.threshold)
         return DraftProposal(draft.token_ids) if draft.token_ids else None
 
     def stop(self, request: Request) -> None:

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import AliasChoices, Field, model_validator
 
-from specdec import DraftingConfig
+from specdec import SUFFIX_DEFAULTS, DraftingConfig
 
 
 class SuffixDecodingConfig(DraftingConfig):
@@ -23,7 +23,7 @@ class SuffixDecodingConfig(DraftingConfig):
     )
 
     max_draft_len: int = Field(
-        default=24,
+        default=SUFFIX_DEFAULTS.max_tree_depth,
         ge=1,
         le=64,
         validation_alias=AliasChoices("max_draft_len", "num_speculative_tokens"),
@@ -33,26 +33,26 @@ class SuffixDecodingConfig(DraftingConfig):
         ),
     )
     suffix_decoding_max_tree_depth: int = Field(
-        default=24, ge=1, le=256,
+        default=SUFFIX_DEFAULTS.max_tree_depth, ge=1, le=256,
         description="Longest suffix matched, and the depth of the trees that store the tokens.",
     )
     suffix_decoding_max_cached_requests: int = Field(
-        default=10000, ge=0,
+        default=SUFFIX_DEFAULTS.max_cached_requests, ge=0,
         description="Finished requests whose outputs the global tree keeps, oldest evicted first; 0 turns it off.",
     )
     suffix_decoding_max_cached_tokens: int = Field(
-        default=200_000, ge=0,
+        default=SUFFIX_DEFAULTS.max_cached_tokens, ge=0,
         description=(
             "The most output tokens of finished requests the global tree keeps, oldest evicted first: it bounds "
             "the cache's memory (each token adds up to `suffix_decoding_max_tree_depth` tree nodes)."
         ),
     )
     suffix_decoding_max_spec_factor: float = Field(
-        default=1.0, ge=0.0,
+        default=SUFFIX_DEFAULTS.max_spec_factor, ge=0.0,
         description="A match of m tokens drafts at most max_spec_factor * m + max_spec_offset tokens.",
     )
     suffix_decoding_max_spec_offset: float = Field(
-        default=4.0,
+        default=SUFFIX_DEFAULTS.max_spec_offset,
         description=(
             "Added to max_spec_factor * m (arctic-inference's `max_spec_offset`; 0 there and in vLLM, which has no "
             "such option). 4 lets a fresh match, such as a reply returning to its prompt's text after an edit, "
@@ -60,7 +60,7 @@ class SuffixDecodingConfig(DraftingConfig):
         ),
     )
     suffix_decoding_min_token_prob: float = Field(
-        default=0.1, ge=0.0, le=1.0,
+        default=SUFFIX_DEFAULTS.min_token_prob, ge=0.0, le=1.0,
         description="Draft only tokens whose estimated probability (their path's frequency share) is at least this.",
     )
     suffix_decoding_tree_spec: bool = Field(
