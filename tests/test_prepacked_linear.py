@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from specdec.errors import ConfigError
-from specdec.prepacked_linear import PREPACK_ENV, ROW_BLOCK, PrepackedLinear, prepack_linears
+from specdec.prepacked_linear import PREPACK_ENV, ROW_BLOCK, PrepackedLinear, SkinnyLinear, prepack_linears
 from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears
 
@@ -96,12 +96,36 @@ def test_copies_and_pickles_repack():
         assert other[0]._packed is not None
 
 
-def test_float32_layers_and_off_are_left_alone(monkeypatch):
-    assert prepack_linears(_layers(torch.float32)) == 0
-    monkeypatch.setenv(PREPACK_ENV, "off")
-    model = _layers()
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (2, 5, 64), (ROW_BLOCK, 64), (ROW_BLOCK + 1, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_layers_multiply_few_rows_as_w_times_x_transposed(shape, bias):
+    """float32 CPU layers become skinny ones (not counted as packed: they hold no packed weight),
+    whose inference outputs are F.linear's to float32 rounding for one row (doubled), a few, a
+    batch, ``ROW_BLOCK`` rows and past it (where F.linear itself runs)."""
+    model = _layers(torch.float32, bias=bias)
     assert prepack_linears(model) == 0
-    assert type(model[0]) is torch.nn.Linear
+    assert all(type(model[i]) is SkinnyLinear for i in (0, 2))
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        out = model(x)
+    assert out.shape == (*shape[:-1], 40)
+    torch.testing.assert_close(out, _reference(model, x), atol=1e-5, rtol=1e-5)
+
+
+def test_float32_training_runs_f_linear_and_off_leaves_layers_alone(monkeypatch):
+    """With autograd on, a skinny layer is F.linear bit for bit (and trains); ``off`` switches nothing."""
+    model = _layers(torch.float32)
+    prepack_linears(model)
+    x = torch.randn(3, 64, requires_grad=True)
+    out = model(x)
+    assert torch.equal(out, _reference(model, x))
+    out.sum().backward()
+    assert model[0].weight.grad is not None
+    monkeypatch.setenv(PREPACK_ENV, "off")
+    for dtype in (torch.float32, torch.bfloat16):
+        model = _layers(dtype)
+        assert prepack_linears(model) == 0
+        assert type(model[0]) is torch.nn.Linear
 
 
 def test_unknown_mode_names_the_variable(monkeypatch):

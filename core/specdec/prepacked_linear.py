@@ -1,6 +1,7 @@
-"""bfloat16 linear layers on CPU with their weights prepacked for oneDNN.
+"""CPU linear layers shaped for decoding: bfloat16 weights prepacked for oneDNN, and float32
+layers that multiply a few rows as ``W @ x^T``.
 
-``F.linear`` on a bfloat16 CPU tensor hands oneDNN a weight in PyTorch's plain row-major layout on
+**bfloat16.** ``F.linear`` on a bfloat16 CPU tensor hands oneDNN a weight in PyTorch's plain row-major layout on
 every call. Reordering it once into oneDNN's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``,
 what PyTorch's inductor does for frozen CPU models) and multiplying with
 ``torch.ops.mkldnn._linear_pointwise`` is 2-3x faster for the shapes of decoding: measured on a
@@ -8,14 +9,6 @@ what PyTorch's inductor does for frozen CPU models) and multiplying with
 one token and 3.1 ms instead of 6.7 ms for 13, and a whole one-token forward 34 ms instead of
 48 ms. Plain decoding and every speculative forward go through the same layers, so speedups
 stay ratios of like with like.
-
-:func:`prepack_linears` turns a module's ``nn.Linear`` layers into :class:`PrepackedLinear`
-(same parameters, same ``state_dict``). A layer uses its packed copy only for inference in
-bfloat16 on CPU: a CPU input of the weight's dtype with autograd off (``torch.inference_mode`` or
-``torch.no_grad``); anything else (training, another device or dtype, a weight created under
-``torch.inference_mode``, whose changes PyTorch does not count) runs ``F.linear``. The copy is
-rebuilt when the weight is replaced or changed in place. It costs the layer's weight size again
-in memory.
 
 oneDNN picks its blocking, and with it each output's summation order, from the number of rows it
 multiplies: on a 2-core AVX512-BF16 Xeon, SmolLM2's 1,536-to-576 layer gave some rows other bits
@@ -25,8 +18,28 @@ output is the same whether a forward holds it alone, in a draft of eight or in a
 (issue 48's batch invariance; :mod:`specdec.kv_cache` pads the attention's keys for the same
 reason). Prefill's long inputs run as several calls of that size, at oneDNN's full speed.
 
+**float32.** ``F.linear(x, W)`` asks the BLAS for ``x @ W^T``: a few rows times the large weight,
+transposed. For two or more rows the BLAS then repacks the weight on every call, and a verify
+forward of two to sixteen tokens cost 1.6-2x a one-token forward (2-core AMD EPYC, AVX2, torch's
+MKL; a 2-core AVX-512F Xeon stepped to 2x from four tokens), where streaming the weights once
+should cost little more than one token does. ``(W @ x^T)^T`` is the same product with the weight
+as the matrix the BLAS streams: SmolLM2-135M's linear layers took 53 ms for two rows and 57 ms
+for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
+faster than the BLAS's matrix-vector product (53 against 75 ms). Up to :data:`ROW_BLOCK` rows
+(measured faster up to 128, even at 256) take this path; more take ``F.linear``. The sums are
+float32's in another order, so outputs differ from ``F.linear``'s in the last bits, as
+``F.linear``'s own outputs differ between row counts.
+
+:func:`prepack_linears` turns a module's ``nn.Linear`` layers into :class:`PrepackedLinear`
+(bfloat16) or :class:`SkinnyLinear` (float32), with the same parameters and ``state_dict``. A
+layer takes its path only for inference on CPU: a CPU input of the weight's dtype with autograd
+off (``torch.inference_mode`` or ``torch.no_grad``); anything else (training, another device or
+dtype, compiling) runs ``F.linear``. A packed copy (bfloat16 only) costs the layer's weight size
+again in memory, is rebuilt when the weight is replaced or changed in place, and is not used for
+a weight created under ``torch.inference_mode``, whose changes PyTorch does not count.
+
 ``SPECDEC_PREPACK`` chooses: ``auto`` (the default: bfloat16 layers, when this PyTorch build
-and CPU run oneDNN's bfloat16 kernels) or ``off``.
+and CPU run oneDNN's bfloat16 kernels, and float32 layers) or ``off``.
 """
 
 from __future__ import annotations
@@ -64,16 +77,7 @@ class PrepackedLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if torch.compiler.is_compiling():  # inductor cannot lower the packed weight; it packs its own
-            return F.linear(input, weight, self.bias)
-        if not (
-            input.dtype == torch.bfloat16
-            and weight.dtype == torch.bfloat16
-            and input.is_cpu
-            and weight.is_cpu
-            and not weight.is_inference()
-            and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
-        ):
+        if weight.is_inference() or not _cpu_inference(input, weight, torch.bfloat16):
             return F.linear(input, weight, self.bias)
         key = (weight.data_ptr(), weight._version)
         if self._packed_key != key:
@@ -92,6 +96,35 @@ class PrepackedLinear(nn.Linear):
         state.pop("_packed", None)
         state.pop("_packed_key", None)
         return state
+
+
+def _cpu_inference(input: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    return (
+        input.dtype == dtype
+        and weight.dtype == dtype
+        and input.is_cpu
+        and weight.is_cpu
+        and not (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))
+        and not torch.compiler.is_compiling()  # inductor lowers (and packs) the layers its own way
+    )
+
+
+class SkinnyLinear(nn.Linear):
+    """A float32 ``nn.Linear`` that multiplies up to :data:`ROW_BLOCK` rows as ``(W @ x^T)^T`` on
+    CPU (see the module docstring)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        rows = input.numel() // input.shape[-1] if input.shape[-1] else 0
+        if not (0 < rows <= ROW_BLOCK and _cpu_inference(input, weight, torch.float32)):
+            return F.linear(input, weight, self.bias)
+        flat = input.reshape(rows, input.shape[-1])
+        if rows == 1:
+            flat = torch.cat([flat, flat])
+        out = torch.mm(weight, flat.t()).t()[:rows]
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*input.shape[:-1], weight.shape[0])
 
 
 def prepack_mode() -> str:
@@ -118,22 +151,23 @@ def prepack_status() -> tuple[bool, str]:
 
 
 def prepack_linears(module: nn.Module) -> int:
-    """Make every bfloat16 CPU ``nn.Linear`` in ``module`` a :class:`PrepackedLinear`, in place.
+    """Make every bfloat16 CPU ``nn.Linear`` in ``module`` a :class:`PrepackedLinear` and every
+    float32 one a :class:`SkinnyLinear`, in place.
 
     :param module: a model or draft head, already on its device and in its dtype.
     :return: how many of its layers are :class:`PrepackedLinear` now (switched by this call or an
-        earlier one); none are switched when ``SPECDEC_PREPACK=off`` or when packing cannot run
-        here (:func:`prepack_status`).
+        earlier one); none are switched when ``SPECDEC_PREPACK=off``, and no bfloat16 layer when
+        packing cannot run here (:func:`prepack_status`).
     """
-    layers = [
-        m for m in module.modules()
-        if type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.bfloat16
-    ]
-    if layers and prepack_mode() == "auto":
-        usable, reason = prepack_status()
-        if usable:
-            for layer in layers:
-                layer.__class__ = PrepackedLinear
-        else:
+    cpu_layers = [m for m in module.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"]
+    if cpu_layers and prepack_mode() == "auto":
+        bf16 = [m for m in cpu_layers if m.weight.dtype == torch.bfloat16]
+        usable, reason = prepack_status() if bf16 else (False, "")
+        for layer in bf16 if usable else ():
+            layer.__class__ = PrepackedLinear
+        if bf16 and not usable:
             log.info("linear weights stay unpacked: %s", reason)
+        for layer in cpu_layers:
+            if layer.weight.dtype == torch.float32:
+                layer.__class__ = SkinnyLinear
     return sum(isinstance(m, PrepackedLinear) for m in module.modules())
