@@ -121,7 +121,8 @@ class SkinnyLinear(nn.Linear):
         flat = input.reshape(rows, input.shape[-1])
         if rows == 1:
             flat = torch.cat([flat, flat])
-        out = torch.mm(weight, flat.t()).t()[:rows]
+        # Contiguous, as F.linear's output: later kernels see the layout they always did.
+        out = torch.mm(weight, flat.t()).t()[:rows].contiguous()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*input.shape[:-1], weight.shape[0])
