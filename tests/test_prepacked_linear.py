@@ -1,5 +1,5 @@
-"""Prepacked bfloat16 linears compute what ``F.linear`` does, only where that is the same
-computation, follow weight changes, and can be switched off."""
+"""Prepacked bfloat16 linears and skinny float32 ones compute what ``F.linear`` does, only where
+that is the same computation, follow weight changes, and can be switched off."""
 
 from __future__ import annotations
 

@@ -19,12 +19,13 @@ output is the same whether a forward holds it alone, in a draft of eight or in a
 reason). Prefill's long inputs run as several calls of that size, at oneDNN's full speed.
 
 **float32.** ``F.linear(x, W)`` asks the BLAS for ``x @ W^T``: a few rows times the large weight,
-transposed. For two or more rows the BLAS then repacks the weight on every call, and a verify
-forward of two to sixteen tokens cost 1.6-2x a one-token forward (2-core AMD EPYC, AVX2, torch's
-MKL; a 2-core AVX-512F Xeon stepped to 2x from four tokens), where streaming the weights once
-should cost little more than one token does. ``(W @ x^T)^T`` is the same product with the weight
-as the matrix the BLAS streams: SmolLM2-135M's linear layers took 53 ms for two rows and 57 ms
-for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
+transposed. For two or more rows torch's MKL then took about twice as long as for one, as if it
+copied the weight into another layout on every call, and a verify forward of two to sixteen
+tokens cost 1.6-2x a one-token forward (2-core AMD EPYC, AVX2; a 2-core AVX-512F Xeon stepped to
+2x from four tokens), where streaming the weights once should cost little more than one token
+does. ``(W @ x^T)^T`` is the same product with the weight as the left-hand matrix the BLAS
+streams through: SmolLM2-135M's linear layers (each layer's weights once, 30 layers) took 53 ms
+for two rows and 57 ms for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
 faster than the BLAS's matrix-vector product (53 against 75 ms). Up to :data:`ROW_BLOCK` rows
 (measured faster up to 128, even at 256) take this path; more take ``F.linear``. The sums are
 float32's in another order, so outputs differ from ``F.linear``'s in the last bits, as
@@ -162,13 +163,13 @@ def prepack_linears(module: nn.Module) -> int:
     """
     cpu_layers = [m for m in module.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"]
     if cpu_layers and prepack_mode() == "auto":
-        bf16 = [m for m in cpu_layers if m.weight.dtype == torch.bfloat16]
-        usable, reason = prepack_status() if bf16 else (False, "")
-        for layer in bf16 if usable else ():
-            layer.__class__ = PrepackedLinear
-        if bf16 and not usable:
-            log.info("linear weights stay unpacked: %s", reason)
+        packable = any(m.weight.dtype == torch.bfloat16 for m in cpu_layers)
+        if packable and not prepack_status()[0]:
+            log.info("linear weights stay unpacked: %s", prepack_status()[1])
+            packable = False
         for layer in cpu_layers:
             if layer.weight.dtype == torch.float32:
                 layer.__class__ = SkinnyLinear
+            elif layer.weight.dtype == torch.bfloat16 and packable:
+                layer.__class__ = PrepackedLinear
     return sum(isinstance(m, PrepackedLinear) for m in module.modules())
