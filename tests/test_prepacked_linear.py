@@ -11,7 +11,9 @@ import torch
 from torch.nn import functional as F
 
 from specdec.errors import ConfigError
-from specdec.prepacked_linear import PREPACK_ENV, ROW_BLOCK, PrepackedLinear, SkinnyLinear, prepack_linears
+from specdec.prepacked_linear import (
+    PREPACK_ENV, ROW_BLOCK, SKINNY_MIN_WEIGHT, PrepackedLinear, SkinnyLinear, prepack_linears,
+)
 from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears
 
@@ -102,13 +104,15 @@ def test_float32_layers_multiply_few_rows_as_w_times_x_transposed(shape, bias):
     """float32 CPU layers become skinny ones (not counted as packed: they hold no packed weight),
     whose inference outputs are F.linear's to float32 rounding for one row (doubled), a few, a
     batch, ``ROW_BLOCK`` rows and past it (where F.linear itself runs)."""
-    model = _layers(torch.float32, bias=bias)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 1024, bias=bias), torch.nn.ReLU(), torch.nn.Linear(1024, 64))
+    assert min(model[i].weight.numel() for i in (0, 2)) >= SKINNY_MIN_WEIGHT
     assert prepack_linears(model) == 0
     assert all(type(model[i]) is SkinnyLinear for i in (0, 2))
     x = torch.randn(shape)
     with torch.inference_mode():
         out = model(x)
-    assert out.shape == (*shape[:-1], 40) and out.is_contiguous()  # as F.linear's: later kernels keep their layout
+    assert out.shape == (*shape[:-1], 64) and out.is_contiguous()  # as F.linear's: later kernels keep their layout
     torch.testing.assert_close(out, _reference(model, x), atol=1e-5, rtol=1e-5)
 
 

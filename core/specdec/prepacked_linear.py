@@ -68,6 +68,9 @@ _NO_SCALARS: list[float] = []
 
 #: The most rows one packed multiply takes (see the module docstring).
 ROW_BLOCK = 128
+#: The fewest weight elements a skinny float32 layer multiplies as ``W @ x^T``: a smaller weight
+#: stays in cache, where the path gains nothing and its extra calls cost more than the product.
+SKINNY_MIN_WEIGHT = 1 << 16
 
 
 class PrepackedLinear(nn.Linear):
@@ -117,7 +120,8 @@ class SkinnyLinear(nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
         rows = input.numel() // input.shape[-1] if input.shape[-1] else 0
-        if not (0 < rows <= ROW_BLOCK and _cpu_inference(input, weight, torch.float32)):
+        if not (0 < rows <= ROW_BLOCK and weight.numel() >= SKINNY_MIN_WEIGHT
+                and _cpu_inference(input, weight, torch.float32)):
             return F.linear(input, weight, self.bias)
         flat = input.reshape(rows, input.shape[-1])
         if rows == 1:
