@@ -27,7 +27,8 @@ does. ``(W @ x^T)^T`` is the same product with the weight as the left-hand matri
 streams through: SmolLM2-135M's linear layers (each layer's weights once, 30 layers) took 53 ms
 for two rows and 57 ms for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
 faster than the BLAS's matrix-vector product (53 against 75 ms). Up to :data:`ROW_BLOCK` rows
-(measured faster up to 128, even at 256) take this path; more take ``F.linear``. The sums are
+(measured faster up to 128, even at 256) take this path; more take ``F.linear``, as do weights
+under :data:`SKINNY_MIN_WEIGHT` elements, which stay in cache. The sums are
 float32's in another order, so outputs differ from ``F.linear``'s in the last bits, as
 ``F.linear``'s own outputs differ between row counts.
 
