@@ -98,11 +98,12 @@ def test_copies_and_pickles_repack():
         assert other[0]._packed is not None
 
 
-@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (2, 5, 64), (ROW_BLOCK, 64), (ROW_BLOCK + 1, 64)])
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (3, 64), (1, 3, 64), (2, 5, 64), (ROW_BLOCK, 64), (ROW_BLOCK + 1, 64)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_float32_layers_multiply_few_rows_as_w_times_x_transposed(shape, bias):
     """float32 CPU layers become skinny ones (not counted as packed: they hold no packed weight),
-    whose inference outputs are F.linear's to float32 rounding for one row (doubled), a few, a
+    whose inference outputs are F.linear's to float32 rounding for one row (doubled), three
+    (padded to four), a few, a
     batch, ``ROW_BLOCK`` rows and past it (where F.linear itself runs)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 1024, bias=bias), torch.nn.ReLU(), torch.nn.Linear(1024, 64))

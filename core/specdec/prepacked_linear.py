@@ -26,7 +26,9 @@ tokens cost 1.6-2x a one-token forward (2-core AMD EPYC, AVX2; a 2-core AVX-512F
 does. ``(W @ x^T)^T`` is the same product with the weight as the left-hand matrix the BLAS
 streams through: SmolLM2-135M's linear layers (each layer's weights once, 30 layers) took 53 ms
 for two rows and 57 ms for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
-faster than the BLAS's matrix-vector product (53 against 75 ms). Up to :data:`ROW_BLOCK` rows
+faster than the BLAS's matrix-vector product (53 against 75 ms), and three rows as four (63 against 75 ms: the
+BLAS's kernels work on pairs of columns, and three left one alone; five or seven rows gained nothing so,
+:data:`PADDED_ROWS`). Up to :data:`ROW_BLOCK` rows
 (measured faster up to 128, even at 256) take this path; more take ``F.linear``, as do weights
 under :data:`SKINNY_MIN_WEIGHT` elements, which stay in cache. The sums are
 float32's in another order, so outputs differ from ``F.linear``'s in the last bits, as
@@ -72,6 +74,9 @@ ROW_BLOCK = 128
 #: The fewest weight elements a skinny float32 layer multiplies as ``W @ x^T``: a smaller weight
 #: stays in cache, where the path gains nothing and its extra calls cost more than the product.
 SKINNY_MIN_WEIGHT = 1 << 16
+#: Row counts a skinny layer multiplies as more rows (repeating its first ones), because the BLAS
+#: streamed the weight faster for the larger count (module docstring).
+PADDED_ROWS = {1: 2, 3: 4}
 
 
 class PrepackedLinear(nn.Linear):
@@ -125,8 +130,8 @@ class SkinnyLinear(nn.Linear):
                 and _cpu_inference(input, weight, torch.float32)):
             return F.linear(input, weight, self.bias)
         flat = input.reshape(rows, input.shape[-1])
-        if rows == 1:
-            flat = torch.cat([flat, flat])
+        if rows in PADDED_ROWS:
+            flat = torch.cat([flat, flat[: PADDED_ROWS[rows] - rows]])
         # Contiguous, as F.linear's output: later kernels see the layout they always did.
         out = torch.mm(weight, flat.t()).t()[:rows].contiguous()
         if self.bias is not None:
