@@ -18,7 +18,7 @@ each probe makes every row of the batch pay for a wide forward.
 
 The batch verifies every request at one width (rows are padded to the longest), so the policy
 picks one length ``L`` for the batch: the longest whose expected tokens per request per unit of cost
-come within ``TOLERANCE`` of the best (``L = 0`` is plain decoding). Before drafting, the cost
+come within ``TOLERANCE`` of the best, if that beats plain decoding (``L = 0``) by ``MIN_GAIN``. Before drafting, the cost
 includes the drafter's own time per drafted token, measured as the engine runs (a draft model's
 forwards are not free; an n-gram lookup nearly is; see :class:`DraftTime`) and, when drafting
 resumes after a pause, the setup a resume costs spread over the runs resumes start
@@ -61,6 +61,12 @@ PRIOR_WEIGHT = 2.0
 #: A longer draft is kept unless it is expected to do this much worse than the best length:
 #: timings on a busy machine spread by a few percent, and a cut must not rest on noise.
 TOLERANCE = 0.05
+#: Drafting must be expected to beat plain decoding by this much: a step's timing spreads by a few
+#: percent and the costs are estimates, so a draft expected to gain 1-2% (a drafter right 2% of
+#: the time, verified at a width that costs one token) gains nothing measurable and, on a machine
+#: where that width costs a little more than measured, loses (n-gram on Spec-Bench writing in
+#: float32: 0.96x at 1.06 tokens a step).
+MIN_GAIN = 0.03
 #: Steps a request's acceptance window holds, unless the config says otherwise.
 DEFAULT_WINDOW = 16
 #: Weight of the newest step in the running drafting-time estimate.
@@ -417,7 +423,8 @@ class ForwardCost:
         remaining: Sequence[int] | None = None,
     ) -> int:
         """The longest draft length for the batch whose expected progress per unit of cost is within
-        ``TOLERANCE`` of the best; request ``b`` has ``offered[b]`` drafts.
+        ``TOLERANCE`` of the best and ``MIN_GAIN`` above plain decoding's (0 when none is); request
+        ``b`` has ``offered[b]`` drafts.
 
         ``draft_cost`` is what drafting one more token for the batch costs, in one-token forwards
         (0 once the drafts exist: their cost is spent). ``setup_cost`` is what drafting at all
@@ -432,12 +439,12 @@ class ForwardCost:
         request ``b`` has left: progress then counts the batch's end (see :func:`progress`).
         """
         rates = self.rates(estimates, offered, draft_cost, tree, setup_cost, remaining)
-        longest, best = len(rates) - 1, max(rates)
-        if rates[0] == best:
-            # Drafting must be expected to win, not merely to lose less than the tolerance.
+        longest, best, bar = len(rates) - 1, max(rates), rates[0] * (1 + MIN_GAIN)
+        if best <= bar:
+            # Drafting must be expected to win clearly, not merely to lose less than the tolerance.
             return 0
-        # The tolerance keeps longer drafts near the best, never one expected to lose to plain decoding.
-        return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE) and rates[n] > rates[0])
+        # The tolerance keeps longer drafts near the best, never one not expected to beat plain decoding.
+        return max(n for n in range(1, longest + 1) if rates[n] >= best * (1 - TOLERANCE) and rates[n] > bar)
 
     def rates(
         self,
