@@ -103,8 +103,7 @@ def test_copies_and_pickles_repack():
 def test_float32_layers_multiply_few_rows_as_w_times_x_transposed(shape, bias):
     """float32 CPU layers become skinny ones (not counted as packed: they hold no packed weight),
     whose inference outputs are F.linear's to float32 rounding for one row (doubled), three
-    (padded to four), a few, a
-    batch, ``ROW_BLOCK`` rows and past it (where F.linear itself runs)."""
+    (padded to four), a few, a batch, ``ROW_BLOCK`` rows and past it (where F.linear itself runs)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 1024, bias=bias), torch.nn.ReLU(), torch.nn.Linear(1024, 64))
     assert min(model[i].weight.numel() for i in (0, 2)) >= SKINNY_MIN_WEIGHT

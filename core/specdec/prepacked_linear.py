@@ -26,9 +26,9 @@ tokens cost 1.6-2x a one-token forward (2-core AMD EPYC, AVX2; a 2-core AVX-512F
 does. ``(W @ x^T)^T`` is the same product with the weight as the left-hand matrix the BLAS
 streams through: SmolLM2-135M's linear layers (each layer's weights once, 30 layers) took 53 ms
 for two rows and 57 ms for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
-faster than the BLAS's matrix-vector product (53 against 75 ms), and three rows as four (63 against 75 ms: the
-BLAS's kernels work on pairs of columns, and three left one alone; five or seven rows gained nothing so,
-:data:`PADDED_ROWS`). Up to :data:`ROW_BLOCK` rows
+faster than the BLAS's matrix-vector product (53 against 75 ms); three rows are multiplied as four,
+which took 63 ms where three took 75 (five or seven rows padded so gained nothing: :data:`PADDED_ROWS`).
+Up to :data:`ROW_BLOCK` rows
 (measured faster up to 128, even at 256) take this path; more take ``F.linear``, as do weights
 under :data:`SKINNY_MIN_WEIGHT` elements, which stay in cache. The sums are
 float32's in another order, so outputs differ from ``F.linear``'s in the last bits, as
