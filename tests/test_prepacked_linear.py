@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from specdec.errors import ConfigError
 from specdec.prepacked_linear import (
-    PREPACK_ENV, ROW_BLOCK, SKINNY_MIN_WEIGHT, PrepackedLinear, SkinnyLinear, prepack_linears,
+    PREPACK_ENV, ROW_BLOCK, SKINNY_MIN_WEIGHT, PrepackedLinear, SkinnyLinear, padded_rows, prepack_linears,
 )
 from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears
@@ -98,12 +98,16 @@ def test_copies_and_pickles_repack():
         assert other[0]._packed is not None
 
 
-@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (3, 64), (1, 3, 64), (2, 5, 64), (ROW_BLOCK, 64), (ROW_BLOCK + 1, 64)])
+@pytest.mark.parametrize("shape", [
+    (1, 64), (2, 64), (3, 64), (1, 3, 64), (2, 5, 64), (7, 64), (9, 64), (1, 13, 64), (ROW_BLOCK - 1, 64), (ROW_BLOCK, 64),
+    (ROW_BLOCK + 1, 64),
+])
 @pytest.mark.parametrize("bias", [False, True])
 def test_float32_layers_multiply_few_rows_as_w_times_x_transposed(shape, bias):
     """float32 CPU layers become skinny ones (not counted as packed: they hold no packed weight),
     whose inference outputs are F.linear's to float32 rounding for one row (doubled), three
-    (padded to four), a few, a batch, ``ROW_BLOCK`` rows and past it (where F.linear itself runs)."""
+    (padded to four), seven (to eight), thirteen (to sixteen), a batch, ``ROW_BLOCK - 1`` rows (to
+    ``ROW_BLOCK``), ``ROW_BLOCK`` and past it (where F.linear itself runs)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 1024, bias=bias), torch.nn.ReLU(), torch.nn.Linear(1024, 64))
     assert min(model[i].weight.numel() for i in (0, 2)) >= SKINNY_MIN_WEIGHT
@@ -114,6 +118,14 @@ def test_float32_layers_multiply_few_rows_as_w_times_x_transposed(shape, bias):
         out = model(x)
     assert out.shape == (*shape[:-1], 64) and out.is_contiguous()  # as F.linear's: later kernels keep their layout
     torch.testing.assert_close(out, _reference(model, x), atol=1e-5, rtol=1e-5)
+
+
+def test_padding_never_shrinks_never_doubles_and_keeps_the_row_block():
+    """A skinny layer multiplies at least its rows, never more than twice them, and a count up to
+    ``ROW_BLOCK`` stays within it (one call)."""
+    for rows in range(1, ROW_BLOCK + 1):
+        assert rows <= padded_rows(rows) <= min(2 * rows, ROW_BLOCK)
+    assert [padded_rows(n) for n in (1, 3, 5, 6, 7, 8, 9, 12, 13, 16, 17, 20, 127)] == [2, 4, 5, 6, 8, 8, 9, 16, 16, 16, 17, 24, 128]
 
 
 def test_float32_training_runs_f_linear_and_off_leaves_layers_alone(monkeypatch):

@@ -25,10 +25,16 @@ tokens cost 1.6-2x a one-token forward (2-core AMD EPYC, AVX2; a 2-core AVX-512F
 2x from four tokens), where streaming the weights once should cost little more than one token
 does. ``(W @ x^T)^T`` is the same product with the weight as the left-hand matrix the BLAS
 streams through: SmolLM2-135M's linear layers (each layer's weights once, 30 layers) took 53 ms
-for two rows and 57 ms for four, against 129 and 139 ms. One row is multiplied as two (the row twice), which streamed
-faster than the BLAS's matrix-vector product (53 against 75 ms); three rows are multiplied as four,
-which took 63 ms where three took 75 (five or seven rows padded so gained nothing: :data:`PADDED_ROWS`).
-Up to :data:`ROW_BLOCK` rows
+for two rows and 57 ms for four, against 129 and 139 ms. The BLAS is fastest at some row counts,
+so a layer multiplies as many rows as cost least at or just above its count (:func:`padded_rows`,
+the first rows repeated): one row as two, which streamed faster than the BLAS's matrix-vector
+product (46 against 60 ms for the layers above), three as four (46 against 59 ms), seven as eight,
+and above eight, one to four rows short of a multiple of eight as that multiple (16 rows took
+75-85 ms against 93-152 for 12 to 15, 24 rows 96 ms against 116-140 for 22 and 23; medians of 9,
+2-core AMD EPYC, AVX2). Counts just above a multiple of eight, and five or six rows, cost about
+what the next multiple does or less, and are left as they are; a whole forward of 12 to 15
+tokens took 0.69-0.84 of its time unpadded, one of 22, 23 or 31 tokens 0.77-0.88. Up to
+:data:`ROW_BLOCK` rows
 (measured faster up to 128, even at 256) take this path; more take ``F.linear``, as do weights
 under :data:`SKINNY_MIN_WEIGHT` elements, which stay in cache. The sums are
 float32's in another order, so outputs differ from ``F.linear``'s in the last bits, as
@@ -74,9 +80,10 @@ ROW_BLOCK = 128
 #: The fewest weight elements a skinny float32 layer multiplies as ``W @ x^T``: a smaller weight
 #: stays in cache, where the path gains nothing and its extra calls cost more than the product.
 SKINNY_MIN_WEIGHT = 1 << 16
-#: Row counts a skinny layer multiplies as more rows (repeating its first ones), because the BLAS
-#: streamed the weight faster for the larger count (module docstring).
-PADDED_ROWS = {1: 2, 3: 4}
+#: Row counts up to eight that a skinny layer multiplies as more rows (module docstring).
+PADDED_ROWS = {1: 2, 3: 4, 7: 8}
+#: Above eight rows, a count within half of this below a multiple of it is multiplied as that multiple.
+ROW_MULTIPLE = 8
 
 
 class PrepackedLinear(nn.Linear):
@@ -130,13 +137,23 @@ class SkinnyLinear(nn.Linear):
                 and _cpu_inference(input, weight, torch.float32)):
             return F.linear(input, weight, self.bias)
         flat = input.reshape(rows, input.shape[-1])
-        if rows in PADDED_ROWS:
-            flat = torch.cat([flat, flat[: PADDED_ROWS[rows] - rows]])
+        padded = padded_rows(rows)
+        if padded > rows:
+            flat = torch.cat([flat, flat[: padded - rows]])
         # Contiguous, as F.linear's output: later kernels see the layout they always did.
         out = torch.mm(weight, flat.t()).t()[:rows].contiguous()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*input.shape[:-1], weight.shape[0])
+
+
+def padded_rows(rows: int) -> int:
+    """The rows a skinny layer multiplies for ``rows`` (at least ``rows``, at most twice): the
+    count the BLAS multiplies fastest at or just above it (see the module docstring)."""
+    if rows <= ROW_MULTIPLE:
+        return PADDED_ROWS.get(rows, rows)
+    short = -rows % ROW_MULTIPLE
+    return rows + short if short <= ROW_MULTIPLE // 2 else rows
 
 
 def prepack_mode() -> str:
