@@ -418,13 +418,14 @@ def test_paused_steps_fade_drafting_time_to_the_fastest_measured_not_to_zero():
 
 
 def test_engine_pauses_a_drafter_too_slow_to_pay(tiny):
-    """A drafter that sleeps 30 ms per drafted token, against a tiny target whose forwards take
-    about a millisecond, is measured twice and then never drafts again: its fastest step stays
-    30 times a forward, however long drafting is paused (fading to zero, as the engine once did,
-    re-probed it every 60 steps or so). The output is unchanged."""
+    """A drafter that sleeps 100 ms per drafted token, against a tiny target whose forwards take
+    about a millisecond (a few on a machine busy with other work), is measured twice and then
+    never drafts again: its fastest step stays tens of forwards, however long drafting is paused
+    (fading to zero, as the engine once did, re-probed it every 60 steps or so). The output is
+    unchanged."""
     class Slow:
         def prepare_draft_tokens(self, requests, resource_manager):
-            time.sleep(0.03 * max(r.max_draft_len for r in requests))
+            time.sleep(0.1 * max(r.max_draft_len for r in requests))
             return [[r.token_ids[-1]] * r.max_draft_len for r in requests]
 
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
