@@ -12,6 +12,7 @@ from specdec.draft_policy import (
     MIN_GAIN,
     PRIOR_ACCEPTANCE,
     PRIOR_WEIGHT,
+    STEP_TIME_FORGET,
     STEP_TIME_STALE,
     TOLERANCE,
     AcceptanceEstimate,
@@ -621,7 +622,8 @@ def test_stale_cheap_drafting_ratios_do_not_undercut_fresh_plain_ones():
     steps for long while it slowed down by 70% (Medusa on translation). The 10-draft steps' old
     ratios would make them look no dearer than a plain step now, and the policy would verify 10
     drafts for a few hundredths of a token. Once stale, they count at least plain steps' fresh
-    ratio; a stale dear ratio stays as it is (so a count known to lose is not probed again)."""
+    ratio; a stale dear ratio stays as it is (so a count known to lose is not probed again while
+    the engine drafts at all; see the next test)."""
     warmup = ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 1.45], base_seconds=0.040)
     times = StepTime()
     times.record(10, 1.0, 0.058)  # setup, left out
@@ -638,6 +640,65 @@ def test_stale_cheap_drafting_ratios_do_not_undercut_fresh_plain_ones():
     corrected = times.correct(warmup)
     assert corrected.relative[10] == pytest.approx(1.45)
     assert corrected.relative[3] == pytest.approx(1.3 * 2.5 / 1.7)
+
+
+def test_dear_ratios_are_forgotten_once_nothing_has_drafted_for_long():
+    """4-draft steps measured at three times the warm-up's figure (a busy moment) pause drafting.
+    They keep it paused for ``STEP_TIME_FORGET`` plain steps, then are forgotten: the next
+    4-draft step costs what plain steps do until it has shown otherwise, within three steps."""
+    warmup = ForwardCost([1.0, 1.0, 1.0, 1.0, 1.1], base_seconds=0.010)
+    times = StepTime()
+    times.record(4, 1.0, 0.011)  # setup, left out
+    for _ in range(5):
+        times.record(4, 0.033, 0.011)
+    for _ in range(STEP_TIME_FORGET):
+        times.record(0, 0.010, 0.010)
+    assert times.correct(warmup).relative[4] == pytest.approx(3.3)  # still dear
+    times.record(0, 0.010, 0.010)
+    assert times.correct(warmup).relative[4] == pytest.approx(1.1)  # forgotten: what the warm-up said
+    times.record(4, 0.033, 0.011)  # the probe finds it dear again
+    times.record(4, 0.033, 0.011)
+    assert times.ratio(4) == pytest.approx(2.0)
+    times.record(4, 0.033, 0.011)
+    assert times.ratio(4) == pytest.approx(3.0)
+
+
+def test_engine_drafts_again_once_a_busy_moment_has_passed(tiny):
+    """The target's verify forwards take 20 plain steps more while the machine is busy, which it
+    is until the engine stops drafting (within a few steps, as it should). The engine drafts again
+    once ``STEP_TIME_FORGET`` steps have passed without drafting, instead of decoding plainly to
+    the end; the output is unchanged."""
+    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
+    prompt_len = len(prompt["prompt_token_ids"])
+    step = plain_step_seconds(plain)
+
+    class Oracle:
+        def prepare_draft_tokens(self, requests, resource_manager):
+            return [plain.token_ids[len(r.token_ids) - prompt_len :][: r.max_draft_len] for r in requests]
+
+    with LLM(tiny.model, UserProvidedDecodingConfig(drafter=Oracle(), max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
+        llm.warmup()
+        runner = llm.engine.runner
+        forward = runner.forward
+        busy, verified = [True], [0]
+
+        def slow_while_busy(cache, token_ids, *args, **kwargs):
+            if 1 < len(token_ids) < 16 and busy[0]:  # a verify, not the prompt's prefill
+                verified[0] += 1
+                time.sleep(20 * step)
+            elif len(token_ids) == 1 and verified[0]:  # a plain step: drafting has paused
+                busy[0] = False
+            return forward(cache, token_ids, *args, **kwargs)
+
+        runner.forward = slow_while_busy
+        got = llm.generate(prompt, params)[0]
+    assert got.token_ids == plain.token_ids
+    assert not busy[0] and verified[0] <= 5
+    # The busy drafting steps emit at most 25 tokens and the pause about STEP_TIME_FORGET more:
+    # the rest, over 200 tokens, comes from drafting steps again (the oracle is always right).
+    assert got.metrics.num_steps < 400 - 200 + 200 / 5 + 10
 
 
 def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):

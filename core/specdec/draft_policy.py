@@ -75,6 +75,8 @@ DRAFT_TIME_WEIGHT = 0.2
 STEP_TIME_WINDOW = 9
 #: Steps after which plain steps' ratios, not renewed since, no longer speak for them.
 STEP_TIME_STALE = 2 * STEP_TIME_WINDOW
+#: Steps without any drafting step after which drafting steps' ratios are forgotten and probed again.
+STEP_TIME_FORGET = 8 * STEP_TIME_STALE
 #: Resumes (and the drafting runs they started) per batch size that :class:`ResumeCost` averages.
 RESUME_WINDOW = 8
 
@@ -188,6 +190,13 @@ class StepTime:
     long gone (Medusa on translation, drafting almost nothing right, went on verifying 10-node
     trees at 1.3 plain steps each because their ratios were measured while the machine ran fast
     and plain steps' were fresh and slow), and a verify step does all a plain step does and more.
+
+    Dear ratios measured in a busy moment would then keep the policy from drafting for the
+    engine's whole life: EAGLE-3 on code edits stopped drafting for good after two minutes in
+    which another process shared the machine (0.73x, against 1.3x undisturbed). So once no step
+    has drafted for ``STEP_TIME_FORGET`` steps, every drafting count's ratios are forgotten, and
+    the next drafting step starts from plain steps' ratio again: a count that really is dear
+    shows it within three steps (:meth:`record`), a few probe steps every ``STEP_TIME_FORGET``.
     """
 
     def __init__(self) -> None:
@@ -198,6 +207,8 @@ class StepTime:
         self._last: dict[int, int] = {}
         #: Draft counts whose first step has run (and was not recorded).
         self._seen: set[int] = set()
+        #: The last step recorded that drafted.
+        self._last_drafting = 0
 
     def record(self, drafts: int, seconds: float, predicted: float) -> None:
         """A step verifying ``drafts`` tokens per request took ``seconds``; warm-up said ``predicted``.
@@ -208,6 +219,10 @@ class StepTime:
         self._steps += 1
         if self._stale(0):
             self.ratios.pop(0, None)
+        if drafts:
+            self._last_drafting = self._steps
+        elif self._steps - self._last_drafting > STEP_TIME_FORGET:
+            self.ratios = {n: r for n, r in self.ratios.items() if n == 0}
         if drafts not in self._seen:
             self._seen.add(drafts)
         elif predicted > 0:
