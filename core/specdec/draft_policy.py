@@ -193,7 +193,7 @@ class StepTime:
 
     Dear ratios measured in a busy moment would then keep the policy from drafting for the
     engine's whole life: EAGLE-3 on code edits stopped drafting for good after two minutes in
-    which another process shared the machine (0.73x, against 1.3x undisturbed). So once no step
+    which another process shared the machine (0.73x, against 1.39x undisturbed). So once no step
     has drafted for ``STEP_TIME_FORGET`` steps, every drafting count's ratios are forgotten, and
     the next drafting step starts from plain steps' ratio again: a count that really is dear
     shows it within three steps (:meth:`record`), a few probe steps every ``STEP_TIME_FORGET``.
