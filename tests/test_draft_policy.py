@@ -663,13 +663,12 @@ def test_dear_ratios_are_forgotten_once_nothing_has_drafted_for_long():
     assert times.ratio(4) == pytest.approx(3.0)
 
 
-def test_engine_drafts_again_once_a_busy_moment_has_passed(tiny):
-    """The target's verify forwards take 20 plain steps more while the machine is busy, which it
-    is until the engine stops drafting (within a few steps, as it should). The engine drafts again
-    once ``STEP_TIME_FORGET`` steps have passed without drafting, instead of decoding plainly to
-    the end; the output is unchanged."""
+def _oracle_on_a_busy_machine(tiny, max_tokens, busy):
+    """Plain greedy output, and a run of an always-right drafter (4 drafts) whose verify forwards
+    (wider than one token, not the prompt's prefill) take 20 plain steps more where
+    ``busy(token_ids)`` says the machine is busy."""
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
-    params = SamplingParams(max_tokens=400, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
     prompt_len = len(prompt["prompt_token_ids"])
     step = plain_step_seconds(plain)
@@ -682,20 +681,34 @@ def test_engine_drafts_again_once_a_busy_moment_has_passed(tiny):
         llm.warmup()
         runner = llm.engine.runner
         forward = runner.forward
-        busy, verified = [True], [0]
 
-        def slow_while_busy(cache, token_ids, *args, **kwargs):
-            if 1 < len(token_ids) < 16 and busy[0]:  # a verify, not the prompt's prefill
-                verified[0] += 1
+        def slow_when_busy(cache, token_ids, *args, **kwargs):
+            if busy(token_ids):
                 time.sleep(20 * step)
-            elif len(token_ids) == 1 and verified[0]:  # a plain step: drafting has paused
-                busy[0] = False
             return forward(cache, token_ids, *args, **kwargs)
 
-        runner.forward = slow_while_busy
-        got = llm.generate(prompt, params)[0]
+        runner.forward = slow_when_busy
+        return plain, llm.generate(prompt, params)[0]
+
+
+def test_engine_drafts_again_once_a_busy_moment_has_passed(tiny):
+    """The target's verify forwards take 20 plain steps more while the machine is busy, which it
+    is until the engine stops drafting (within a few steps, as it should). The engine drafts again
+    once ``STEP_TIME_FORGET`` steps have passed without drafting, instead of decoding plainly to
+    the end; the output is unchanged."""
+    state = {"busy": True, "verified": 0}
+
+    def busy(token_ids):
+        verify = 1 < len(token_ids) < 16  # not the prompt's prefill
+        if verify and state["busy"]:
+            state["verified"] += 1
+        elif len(token_ids) == 1 and state["verified"]:  # a plain step: drafting has paused
+            state["busy"] = False
+        return verify and state["busy"]
+
+    plain, got = _oracle_on_a_busy_machine(tiny, 400, busy)
     assert got.token_ids == plain.token_ids
-    assert not busy[0] and verified[0] <= 5
+    assert not state["busy"] and state["verified"] <= 5
     # The busy drafting steps emit at most 25 tokens and the pause about STEP_TIME_FORGET more:
     # the rest, over 200 tokens, comes from drafting steps again (the oracle is always right).
     assert got.metrics.num_steps < 400 - 200 + 200 / 5 + 10
@@ -709,28 +722,7 @@ def test_engine_learns_that_wide_steps_cost_more_than_warmup_said(tiny):
     time, it stops within a few steps, and the output is unchanged. (The delay is in plain steps
     measured on this machine: a fixed 40 ms made drafting really pay once load had slowed the
     tiny target's plain step to 10 ms, and the test flaked.)"""
-    prompt = {"prompt_token_ids": tiny.encode("hello world, hello")}
-    params = SamplingParams(max_tokens=200, ignore_eos=True)
-    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer).generate(prompt, params)[0]
-    prompt_len = len(prompt["prompt_token_ids"])
-    step = plain_step_seconds(plain)
-
-    class Oracle:
-        def prepare_draft_tokens(self, requests, resource_manager):
-            return [plain.token_ids[len(r.token_ids) - prompt_len :][: r.max_draft_len] for r in requests]
-
-    with LLM(tiny.model, UserProvidedDecodingConfig(drafter=Oracle(), max_draft_len=4), tokenizer=tiny.tokenizer) as llm:
-        llm.warmup()
-        runner = llm.engine.runner
-        forward = runner.forward
-
-        def slow_when_wide(cache, token_ids, *args, **kwargs):
-            if len(token_ids) > 1 and len(token_ids) < 16:  # a verify, not the prompt's prefill
-                time.sleep(20 * step)
-            return forward(cache, token_ids, *args, **kwargs)
-
-        runner.forward = slow_when_wide
-        got = llm.generate(prompt, params)[0]
+    plain, got = _oracle_on_a_busy_machine(tiny, 200, lambda token_ids: 1 < len(token_ids) < 16)
     assert got.token_ids == plain.token_ids
     assert 1 <= got.metrics.num_drafts <= 8
 
