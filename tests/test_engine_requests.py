@@ -264,6 +264,38 @@ def test_tiny_temperatures_are_greedy_and_seeds_must_fit_a_generator(tiny, promp
         SamplingParams(temperature=1.0, seed=2**64)
 
 
+def test_requests_with_one_prompt_joining_together_share_its_prefill(tiny, prompts, monkeypatch):
+    """The n choices of one prompt (or retries) joining the batch in one step are prefilled by one
+    forward, and each still gets exactly what it gets alone: seeded samples, greedy tokens and
+    their log-probabilities (fp32, n-gram drafts), and a choice whose first token ends it (a
+    stop token) leaves the others their shared prefill."""
+    same, other = prompts[0], prompts[1]
+    sampled = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.0, seed=s, logprobs=2) for s in (1, 2, 3)]
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True, logprobs=2)
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as plain:
+        first = plain.generate({"prompt_token_ids": same}, greedy)[0].token_ids[0]
+    stopped = SamplingParams(max_tokens=16, stop_token_ids=[first])
+    requests = [(same, sampled[0]), (same, stopped), (same, sampled[1]), (same, greedy), (other, greedy), (same, sampled[2])]
+    with LLM(tiny.model, NGramDecodingConfig(max_draft_len=4), tokenizer=tiny.tokenizer, max_batch_size=8) as llm:
+        alone = [llm.generate({"prompt_token_ids": p}, params)[0] for p, params in requests]
+        forwards = []
+        forward = llm.engine.runner.forward
+
+        def counted(cache, ids, **kw):
+            if kw.get("last_only"):  # a prefill
+                forwards.append(list(ids))
+            return forward(cache, ids, **kw)
+
+        monkeypatch.setattr(llm.engine.runner, "forward", counted)
+        together = llm.generate([{"prompt_token_ids": p} for p, _ in requests], [params for _, params in requests])
+    assert forwards == [same, other, same]
+    assert together[1].token_ids == [first] and together[1].finish_reason == "stop"
+    for got, expected in zip(together, alone, strict=True):
+        assert got.token_ids == expected.token_ids
+        if expected.logprobs:
+            assert [lp.logprob for lp in got.logprobs] == pytest.approx([lp.logprob for lp in expected.logprobs], abs=1e-5)
+
+
 def test_a_failed_join_ends_the_newcomers_with_a_delta(tiny, prompts, monkeypatch):
     """If adding prefilled newcomers to the batch fails, they and the running requests end with
     the error, each reported in the step's deltas (a server waits for them), and their method

@@ -28,7 +28,7 @@ from specdec.plugins import PluginRegistry
 from specdec.proposal_checks import checked_proposal, described
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import TargetContext
-from specdec.runner import ModelRunner
+from specdec.runner import ModelRunner, RunnerOutput
 from specdec.sampling import PositionNoise, SamplingParams, invalid_logits, logits_to_probs
 from specdec.stopping import StopChecker, eos_token_ids
 from specdec.suffix import SuffixDrafts
@@ -36,6 +36,16 @@ from specdec.verify import target_picks
 
 T = TypeVar("T")
 logger = logging.getLogger("specdec.engine")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptForward:
+    """A prompt's prefill forward: its output and its single-row cache, read and copied from,
+    never written, so requests with the same prompt can share it."""
+
+    prompt: list[int]
+    output: RunnerOutput
+    cache: BatchKVCache
 
 
 class Engine:
@@ -46,7 +56,8 @@ class Engine:
     returns what it did for each request (:class:`~specdec.requests.RequestDelta`),
     :meth:`abort` ends a request and frees its cache row and drafter state at once. Every request
     keeps its own accepted count per step (ragged acceptance), stop conditions and sampling
-    parameters. A request is prefilled alone, then its cache row joins the batch.
+    parameters. A request is prefilled alone (requests with the same prompt joining together share
+    one prefill forward), then its cache row joins the batch.
 
     An exception raised by a plugin during a step ends only the requests it can be tied to
     (``finish_reason="error"``, the message in ``error``); the others go on, and the engine
@@ -265,13 +276,15 @@ class Engine:
         cache, running = self._cache, self.running
         free = [row for row, request in enumerate(running) if request.finished]
         joining: list[tuple[Request, BatchKVCache]] = []
+        forward: PromptForward | None = None
         try:
             while self.waiting and len(running) - len(free) + len(joining) < self.max_batch_size:
                 request = self.waiting.popleft()
                 prefilled.append(request)
-                row_cache = self._prefill(request)
-                if row_cache is None:
+                forward = self._prefill(request, forward)
+                if request.finished:
                     continue
+                row_cache = forward.cache
                 if free:
                     row = free.pop(0)
                     cache.replace_row(row, row_cache)
@@ -305,15 +318,20 @@ class Engine:
         for request in left:
             self._release(request)
 
-    def _prefill(self, request: Request) -> BatchKVCache | None:
-        """Forward the prompt alone; its first token is chosen and the method sees the request.
-        Returns the request's cache row, or ``None`` if it already finished (or failed)."""
+    def _prefill(self, request: Request, previous: PromptForward | None) -> PromptForward | None:
+        """Forward the prompt alone, or take ``previous`` if it forwarded the same prompt (the
+        ``n`` choices of one prompt, retries: the same bits, one forward); the first token is
+        chosen and the method sees the request, unless it finished (or failed) by then.
+        Returns the prompt's forward, ``None`` if it failed."""
         start = time.perf_counter()
+        forward = previous if previous is not None and previous.prompt == request.token_ids else None
         try:
-            cache = self.runner.new_cache()
-            prefill = self.runner.forward(cache, request.token_ids, last_only=True)
-            request.target_output = prefill
-            self._append(request, [self._pick(prefill.logits[-1], request)], prefill.logits[-1:])
+            if forward is None:
+                cache = self.runner.new_cache()
+                forward = PromptForward(list(request.token_ids), self.runner.forward(cache, request.token_ids, last_only=True), cache)
+            request.target_output = forward.output
+            logits = forward.output.logits
+            self._append(request, [self._pick(logits[-1], request)], logits[-1:])
         except Exception as exc:
             request.target_output = None
             self._end(request, "error", str(exc) if isinstance(exc, SpecdecError) else f"prefill failed: {type(exc).__name__}: {exc}")
@@ -325,8 +343,7 @@ class Engine:
             self._end(request, "error", self._plugin_message("add_request", exc))
         if request.finished:
             self._release(request)
-            return None
-        return cache
+        return forward
 
     @staticmethod
     def _end(request: Request, reason: str, error: str | None = None) -> None:
