@@ -164,18 +164,41 @@ def trees(*steps: tuple[int, set[int]], window: int = 16) -> AcceptanceEstimate:
 
 def test_tree_nodes_are_estimated_one_by_one():
     """A node's rate is how often it lay on the accepted path when drafted, shrunk toward the
-    prior; the expected tokens of a tree's first n nodes add them up; a node never drafted keeps
-    the prior PRIOR_ACCEPTANCE / (i + 1)."""
+    prior PRIOR_ACCEPTANCE / (i + 1); the expected tokens of a tree's first n nodes add them up;
+    a node never drafted keeps that prior, or the first such node the trend of the two before it
+    where that is higher."""
     est = trees(*[(6, {0, 1}), (6, {0}), (6, {2}), (6, set())] * 4)
-    for node, hits in ((0, 8), (1, 4), (2, 4), (3, 0)):
-        assert est.node_rate(node) == pytest.approx((hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (node + 1)) / (16 + PRIOR_WEIGHT))
-    assert est.node_rate(9) == pytest.approx(PRIOR_ACCEPTANCE / 10)
+    rates = est.node_rates(10)
+    for node, hits in ((0, 8), (1, 4), (2, 4), (4, 0), (5, 0)):
+        assert rates[node] == pytest.approx((hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (node + 1)) / (16 + PRIOR_WEIGHT))
+    # Node 2 falls off fast (0.24 after 0.26 after 0.51): its trend gives node 3 more than 0.15.
+    trend = rates[2] ** 2 / rates[1]
+    assert trend > PRIOR_ACCEPTANCE / 4
+    assert rates[3] == pytest.approx(PRIOR_WEIGHT * trend / (16 + PRIOR_WEIGHT))
+    assert rates[9] == pytest.approx(PRIOR_ACCEPTANCE / 10)
     # Steps leaving the window take their counts with them.
     aged = trees(*[(6, {0})] * 4, *[(3, set())] * 4, window=4)
-    assert aged.node_rate(0) == pytest.approx(PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (4 + PRIOR_WEIGHT))
-    assert aged.node_rate(4) == pytest.approx(PRIOR_ACCEPTANCE / 5)
-    assert est.expected_tree_tokens(3) == pytest.approx([1, 1 + est.node_rate(0), 1 + est.node_rate(0) + est.node_rate(1),
-                                                         1 + sum(est.node_rate(i) for i in range(3))])
+    assert aged.node_rates(5)[0] == pytest.approx(PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (4 + PRIOR_WEIGHT))
+    assert aged.node_rates(5)[3:] == pytest.approx([PRIOR_ACCEPTANCE / 4, PRIOR_ACCEPTANCE / 5])
+    assert est.expected_tree_tokens(3) == pytest.approx([1, 1 + rates[0], 1 + rates[0] + rates[1], 1 + sum(rates[:3])])
+
+
+def test_a_tree_whose_nodes_hold_up_prices_its_next_node_by_their_trend():
+    """A repeated request's suffix matches: the three nodes drafted so far are nearly always
+    accepted. The fourth, never drafted, is priced near them (the old prior, 0.15, never let the
+    policy try it), and only it: the fifth keeps the prior, and each request's own trend counts
+    on top of the engine's."""
+    engine = trees(*[(3, {0, 1, 2})] * 15, (3, {0}), window=64)
+    rates = engine.node_rates(5)
+    assert rates[3] == pytest.approx(rates[2] * min(1.0, rates[2] / rates[1])) and rates[3] > 0.8
+    assert rates[4] == pytest.approx(PRIOR_ACCEPTANCE / 5)
+    # A request that drafted four nodes, all accepted, where the engine has seen only three.
+    request = AcceptanceEstimate(16, prior=engine)
+    for _ in range(4):
+        request.update(4, 4, (4, frozenset(range(4))))
+    own = request.node_rates(6)
+    assert own[4] > engine.node_rates(6)[4] and own[4] == pytest.approx(own[3] * min(1.0, own[3] / own[2]))
+    assert own[5] == pytest.approx(PRIOR_ACCEPTANCE / 6)
 
 
 def test_trees_keep_the_nodes_that_pay_for_their_width():
