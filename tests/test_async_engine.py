@@ -20,6 +20,7 @@ from specdec import LLM, SamplingParams
 from specdec.cli import serve as serve_cli
 from specdec.cli.main import main
 from specdec.engine import Engine
+from specdec.errors import QueueFullError
 
 pytest.importorskip("prometheus_client")
 
@@ -59,6 +60,54 @@ def test_a_failed_step_ends_requests_with_an_error_counted_in_the_metrics(tiny, 
 
     asyncio.run(run())
     assert _errors(metrics) == 1.0
+
+
+def test_a_requests_choices_share_one_prefill_and_are_refused_together(tiny, monkeypatch):
+    """The n choices of a request reach the engine together: one prefill forward of the prompt
+    serves them all, and each samples as it would alone. When the queue cannot take them all,
+    none is left running: the refusal is raised and the choices the engine took are aborted."""
+    prompt = list(range(3, 10))
+    choices = [SamplingParams(max_tokens=6, temperature=1.0, seed=seed) for seed in (1, 2, 3)]
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as alone:
+        expected = [alone.generate({"prompt_token_ids": prompt}, params)[0].token_ids for params in choices]
+    llm = LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=4)
+    prefills = []
+    forward = llm.engine.runner.forward
+
+    def counted(cache, ids, **kw):
+        if kw.get("last_only"):
+            prefills.append(list(ids))
+        return forward(cache, ids, **kw)
+
+    monkeypatch.setattr(llm.engine.runner, "forward", counted)
+
+    async def run() -> list[list[int]]:
+        engine = AsyncEngine(llm.engine, ServerMetrics("tiny"))
+        engine.start()
+        try:
+            streams = await engine.add_all(prompt, choices)
+            return [[t for delta in [d async for d in stream] for t in delta.new_token_ids] for stream in streams]
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(run()) == expected
+    assert prefills == [prompt]
+    llm.close()
+
+    small = LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=1, max_queue_size=1)
+
+    async def refused() -> None:
+        engine = AsyncEngine(small.engine, ServerMetrics("tiny"))
+        engine.start()
+        try:
+            with pytest.raises(QueueFullError):
+                await engine.add_all(prompt, [SamplingParams(max_tokens=50, ignore_eos=True)] * 3)
+            await engine.add(prompt, SamplingParams(max_tokens=1))  # the refused choices left room
+        finally:
+            await engine.stop()
+
+    asyncio.run(refused())
+    small.close()
 
 
 def test_a_failing_command_leaves_the_add_beside_it_answered(tiny, monkeypatch):

@@ -116,17 +116,33 @@ class AsyncEngine:
     async def add(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
         """Add a request; returns its stream once the engine took it. Raises what
         ``engine.add_request`` raised (``ConfigError`` for a bad prompt, ``QueueFullError``)."""
+        (stream,) = await self.add_all(prompt_ids, [params])
+        return stream
+
+    async def add_all(self, prompt_ids: list[int], params: list[SamplingParams]) -> list[RequestStream]:
+        """Add one request of ``prompt_ids`` per ``params`` (a request's ``n`` choices), all or
+        none: if the engine refuses one, the others are aborted and its error raised. They are
+        queued back to back, so the engine takes them between the same two steps: they join the
+        batch together and share the prompt's prefill forward."""
         if not self.alive:
             raise EngineFailure("the engine is not running")
-        stream = RequestStream(self)
-        added: asyncio.Future[None] = self._loop.create_future()
-        self._inbox.put(("add", stream, added, list(prompt_ids), params, time.monotonic()))
+        streams = [RequestStream(self) for _ in params]
+        added: list[asyncio.Future[None]] = [self._loop.create_future() for _ in params]
+        arrival = time.monotonic()
+        for stream, future, choice in zip(streams, added, params, strict=True):
+            self._inbox.put(("add", stream, future, list(prompt_ids), choice, arrival))
         try:
-            await added
+            outcomes = await asyncio.gather(*added, return_exceptions=True)
         except asyncio.CancelledError:
-            stream.abort()  # the inbox is in order: the abort follows the add
+            for stream in streams:
+                stream.abort()  # the inbox is in order: the abort follows the add
             raise
-        return stream
+        refused = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if refused is not None:
+            for stream in streams:
+                stream.abort()
+            raise refused
+        return streams
 
     # -- the engine thread ----------------------------------------------------------------------
 

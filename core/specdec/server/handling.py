@@ -31,26 +31,21 @@ RETRY_AFTER_SECONDS = 1
 
 async def submit(engine: AsyncEngine, prompt_ids: list[int], params: SamplingParams, param: str) -> RequestStream:
     """Add a request; a refused one becomes a 4xx (``param``: the field holding the prompt)."""
+    (stream,) = await submit_all(engine, prompt_ids, [params], param)
+    return stream
+
+
+async def submit_all(engine: AsyncEngine, prompt_ids: list[int], params: list[SamplingParams], param: str) -> list[RequestStream]:
+    """One request per choice (``n``), all or none (see :meth:`AsyncEngine.add_all`); a refused
+    one becomes a 4xx (``param``: the field holding the prompt)."""
     try:
-        return await engine.add(prompt_ids, params)
+        return await engine.add_all(prompt_ids, params)
     except QueueFullError as exc:
         raise APIError(429, str(exc), headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
     except ConfigError as exc:
         raise from_config_error(exc, param) from None
     except EngineFailure as exc:
         raise APIError(503, str(exc)) from None
-
-
-async def submit_all(engine: AsyncEngine, prompt_ids: list[int], params: list[SamplingParams], param: str) -> list[RequestStream]:
-    """One request per choice (``n``), all or none: a refused one aborts those added before it."""
-    streams: list[RequestStream] = []
-    try:
-        for choice in params:
-            streams.append(await submit(engine, prompt_ids, choice, param))
-    except BaseException:
-        abort_all(streams)
-        raise
-    return streams
 
 
 def abort_all(streams: list[RequestStream]) -> None:
