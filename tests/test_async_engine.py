@@ -85,8 +85,10 @@ def test_a_requests_choices_share_one_prefill_and_are_refused_together(tiny, mon
         engine = AsyncEngine(llm.engine, ServerMetrics("tiny"))
         engine.start()
         try:
-            streams = await engine.add_all(prompt, choices)
-            return [[t for delta in [d async for d in stream] for t in delta.new_token_ids] for stream in streams]
+            outputs = []
+            for stream in await engine.add_all(prompt, choices):
+                outputs.append([t async for delta in stream for t in delta.new_token_ids])
+            return outputs
         finally:
             await engine.stop()
 
