@@ -122,8 +122,8 @@ class AsyncEngine:
     async def add_all(self, prompt_ids: list[int], params: list[SamplingParams]) -> list[RequestStream]:
         """Add one request of ``prompt_ids`` per ``params`` (a request's ``n`` choices), all or
         none: if the engine refuses one, the others are aborted and its error raised. They are
-        queued back to back, so the engine takes them between the same two steps: they join the
-        batch together and share the prompt's prefill forward."""
+        queued back to back, so the engine normally takes them between the same two steps: they
+        join the batch together and share the prompt's prefill forward."""
         if not self.alive:
             raise EngineFailure("the engine is not running")
         streams = [RequestStream(self) for _ in params]
