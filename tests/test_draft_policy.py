@@ -164,14 +164,14 @@ def trees(*steps: tuple[int, set[int]], window: int = 16) -> AcceptanceEstimate:
 
 def test_tree_nodes_are_estimated_one_by_one():
     """A node's rate is how often it lay on the accepted path when drafted, shrunk toward the
-    prior PRIOR_ACCEPTANCE / (i + 1); the expected tokens of a tree's first n nodes add them up;
-    a node never drafted keeps that prior, or the first such node the trend of the two before it
-    where that is higher."""
+    prior PRIOR_ACCEPTANCE / (i + 1), or toward the trend of the two nodes before it where both
+    were drafted and that is higher; the expected tokens of a tree's first n nodes add them up;
+    nodes past the first one never drafted keep the prior."""
     est = trees(*[(6, {0, 1}), (6, {0}), (6, {2}), (6, set())] * 4)
     rates = est.node_rates(10)
     for node, hits in ((0, 8), (1, 4), (2, 4), (4, 0), (5, 0)):
         assert rates[node] == pytest.approx((hits + PRIOR_WEIGHT * PRIOR_ACCEPTANCE / (node + 1)) / (16 + PRIOR_WEIGHT))
-    # Node 2 falls off fast (0.24 after 0.26 after 0.51): its trend gives node 3 more than 0.15.
+    # Nodes 1 and 2 hold up (0.26, then 0.24): their trend gives node 3 more than its prior 0.15.
     trend = rates[2] ** 2 / rates[1]
     assert trend > PRIOR_ACCEPTANCE / 4
     assert rates[3] == pytest.approx(PRIOR_WEIGHT * trend / (16 + PRIOR_WEIGHT))

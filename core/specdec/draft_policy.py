@@ -352,8 +352,8 @@ class AcceptanceEstimate:
         up better than that, their trend carried one node on (``r[i-1]**2 / r[i-2]``, never above
         ``r[i-1]``). A tree whose nodes keep being accepted (a repeated request's suffix match:
         0.81, 0.70, 0.67) would otherwise never try its next node, priced at 0.15 against the 0.64
-        its trend says. Only the first node past the drafted ones is raised, so a tree explores
-        one node at a time, and a wide tree's hundredth node stays priced at the prior.
+        its trend says. Among the nodes never drafted only the first can be raised, so a tree
+        explores one node at a time, and a wide tree's hundredth node stays priced at the prior.
         """
         under = self.prior.node_rates(nodes) if self.prior is not None else [PRIOR_ACCEPTANCE / (i + 1) for i in range(nodes)]
         reached = self._node_reached[:nodes] + [0] * (nodes - len(self._node_reached))
