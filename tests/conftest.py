@@ -75,6 +75,26 @@ def fresh_registry():
     reset_registry()
 
 
+@pytest.fixture
+def watch_prefills(monkeypatch):
+    """``watch_prefills(runner)`` returns the list of the prompts ``runner`` prefills from then on
+    (its ``last_only`` forwards), in order."""
+
+    def watch(runner) -> list[list[int]]:
+        prompts: list[list[int]] = []
+        forward = runner.forward
+
+        def counted(cache, ids, **kw):
+            if kw.get("last_only"):
+                prompts.append(list(ids))
+            return forward(cache, ids, **kw)
+
+        monkeypatch.setattr(runner, "forward", counted)
+        return prompts
+
+    return watch
+
+
 @pytest.fixture(scope="session")
 def tiny(device: torch.device) -> TinyTarget:
     """The tiny random fp32 Llama (seed 0) with the character-level tokenizer, on the device

@@ -62,7 +62,7 @@ def test_a_failed_step_ends_requests_with_an_error_counted_in_the_metrics(tiny, 
     assert _errors(metrics) == 1.0
 
 
-def test_a_requests_choices_share_one_prefill_and_are_refused_together(tiny, monkeypatch):
+def test_a_requests_choices_share_one_prefill_and_are_refused_together(tiny, watch_prefills):
     """The n choices of a request reach the engine together: one prefill forward of the prompt
     serves them all, and each samples as it would alone. When the queue cannot take them all,
     none is left running: the refusal is raised and the choices the engine took are aborted."""
@@ -71,15 +71,7 @@ def test_a_requests_choices_share_one_prefill_and_are_refused_together(tiny, mon
     with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as alone:
         expected = [alone.generate({"prompt_token_ids": prompt}, params)[0].token_ids for params in choices]
     llm = LLM(tiny.model, None, tokenizer=tiny.tokenizer, max_batch_size=4)
-    prefills = []
-    forward = llm.engine.runner.forward
-
-    def counted(cache, ids, **kw):
-        if kw.get("last_only"):
-            prefills.append(list(ids))
-        return forward(cache, ids, **kw)
-
-    monkeypatch.setattr(llm.engine.runner, "forward", counted)
+    prefills = watch_prefills(llm.engine.runner)
 
     async def run() -> list[list[int]]:
         engine = AsyncEngine(llm.engine, ServerMetrics("tiny"))

@@ -264,7 +264,7 @@ def test_tiny_temperatures_are_greedy_and_seeds_must_fit_a_generator(tiny, promp
         SamplingParams(temperature=1.0, seed=2**64)
 
 
-def test_requests_with_one_prompt_joining_together_share_its_prefill(tiny, prompts, monkeypatch):
+def test_requests_with_one_prompt_joining_together_share_its_prefill(tiny, prompts, watch_prefills):
     """The n choices of one prompt (or retries) joining the batch in one step are prefilled by one
     forward, and each still gets exactly what it gets alone: seeded samples, greedy tokens and
     their log-probabilities (fp32, n-gram drafts), and a choice whose first token ends it (a
@@ -278,15 +278,7 @@ def test_requests_with_one_prompt_joining_together_share_its_prefill(tiny, promp
     requests = [(same, sampled[0]), (same, stopped), (same, sampled[1]), (same, greedy), (other, greedy), (same, sampled[2])]
     with LLM(tiny.model, NGramDecodingConfig(max_draft_len=4), tokenizer=tiny.tokenizer, max_batch_size=8) as llm:
         alone = [llm.generate({"prompt_token_ids": p}, params)[0] for p, params in requests]
-        forwards = []
-        forward = llm.engine.runner.forward
-
-        def counted(cache, ids, **kw):
-            if kw.get("last_only"):  # a prefill
-                forwards.append(list(ids))
-            return forward(cache, ids, **kw)
-
-        monkeypatch.setattr(llm.engine.runner, "forward", counted)
+        forwards = watch_prefills(llm.engine.runner)
         together = llm.generate([{"prompt_token_ids": p} for p, _ in requests], [params for _, params in requests])
     assert forwards == [same, other, same]
     assert together[1].token_ids == [first] and together[1].finish_reason == "stop"
