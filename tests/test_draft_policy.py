@@ -15,6 +15,7 @@ from specdec.draft_policy import (
     STEP_TIME_FORGET,
     STEP_TIME_STALE,
     TOLERANCE,
+    TREND_DECAY,
     AcceptanceEstimate,
     ContextCost,
     CostMeasurement,
@@ -183,22 +184,38 @@ def test_tree_nodes_are_estimated_one_by_one():
     assert est.expected_tree_tokens(3) == pytest.approx([1, 1 + rates[0], 1 + rates[0] + rates[1], 1 + sum(rates[:3])])
 
 
-def test_a_tree_whose_nodes_hold_up_prices_its_next_node_by_their_trend():
+def test_a_tree_whose_nodes_hold_up_prices_the_nodes_past_them_by_their_trend():
     """A repeated request's suffix matches: the three nodes drafted so far are nearly always
     accepted. The fourth, never drafted, is priced near them (the old prior, 0.15, never let the
-    policy try it), and only it: the fifth keeps the prior, and each request's own trend counts
-    on top of the engine's."""
+    policy try it); past it the trend goes on at no more than TREND_DECAY of the node before, so
+    the next nodes are priced together and the far ones fall back to the prior. Each request's
+    own trend counts on top of the engine's."""
     engine = trees(*[(3, {0, 1, 2})] * 15, (3, {0}), window=64)
-    rates = engine.node_rates(5)
+    rates = engine.node_rates(10)
     assert rates[3] == pytest.approx(rates[2] * min(1.0, rates[2] / rates[1])) and rates[3] > 0.8
-    assert rates[4] == pytest.approx(PRIOR_ACCEPTANCE / 5)
+    assert rates[4] == pytest.approx(rates[3] * TREND_DECAY) and rates[4] > PRIOR_ACCEPTANCE / 5
+    assert rates[5] == pytest.approx(rates[4] * TREND_DECAY)
+    assert rates[8:] == pytest.approx([PRIOR_ACCEPTANCE / 9, PRIOR_ACCEPTANCE / 10])
     # A request that drafted four nodes, all accepted, where the engine has seen only three.
     request = AcceptanceEstimate(16, prior=engine)
     for _ in range(4):
         request.update(4, 4, (4, frozenset(range(4))))
     own = request.node_rates(6)
     assert own[4] > engine.node_rates(6)[4] and own[4] == pytest.approx(own[3] * min(1.0, own[3] / own[2]))
-    assert own[5] == pytest.approx(PRIOR_ACCEPTANCE / 6)
+    assert own[5] == pytest.approx(own[4] * TREND_DECAY)
+
+
+def test_a_step_in_the_forwards_cost_does_not_hold_a_tree_below_it(monkeypatch):
+    """One run's warm-up measured a six-token verify at 1.57 one-token forwards and five at 1.15
+    (float32, a 2-core CPU). A tree drafted four nodes at a time, nearly always all accepted: the
+    fifth node alone, however well its trend prices it, does not pay for that step, and priced
+    alone (the trend stopping at the first node never drafted) it kept suffix decoding at four
+    nodes a step for whole turns. Priced with the next few, the policy tries seven."""
+    est = trees(*[(4, {0, 1, 2, 3})] * 15, (4, {0}))
+    cliff = ForwardCost([1.0, 1.01, 1.06, 1.0, 1.15, 1.57, 1.6, 1.59, 1.72, 1.85, 1.86, 1.87, 1.88, 1.96, 2.03])
+    assert cliff.best_length([est], [14], tree=True) == 7
+    monkeypatch.setattr("specdec.draft_policy.TREND_DECAY", 0.0)
+    assert cliff.best_length([est], [14], tree=True) == 4
 
 
 def test_trees_keep_the_nodes_that_pay_for_their_width():

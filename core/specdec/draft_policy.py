@@ -41,7 +41,8 @@ cost is best, as it does for a chain's length: on a machine where a forward four
 costs twice a one-token forward, a 63-node tree is cut to its few best nodes rather than
 dropped. A node never drafted yet starts from ``PRIOR_ACCEPTANCE / (i + 1)``, optimistic for the
 first nodes and sceptical about the hundredth, unless the nodes before it hold up better: then
-from their trend, so a tree whose nodes keep being accepted tries its next node.
+from their trend, carried on past the nodes drafted and at least halving each node, so a tree
+whose nodes keep being accepted tries the next few together.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ TOLERANCE = 0.05
 #: where that width costs a little more than measured, loses (n-gram on Spec-Bench writing in
 #: float32: 0.96x at 1.06 tokens a step).
 MIN_GAIN = 0.03
+#: Past the tree nodes drafted in the window, each undrafted node's trend prior is at most this
+#: share of the node's before it: the next few nodes are priced together, the far ones fall to the prior.
+TREND_DECAY = 0.5
 #: Steps a request's acceptance window holds, unless the config says otherwise.
 DEFAULT_WINDOW = 16
 #: Weight of the newest step in the running drafting-time estimate.
@@ -348,21 +352,31 @@ class AcceptanceEstimate:
         drafted), shrunk toward its prior.
 
         A node's prior is the estimate under this one (``PRIOR_ACCEPTANCE / (i + 1)`` where there
-        is none) or, where the two nodes before it were drafted in this estimate's window and hold
-        up better than that, their trend carried one node on (``r[i-1]**2 / r[i-2]``, never above
-        ``r[i-1]``). A tree whose nodes keep being accepted (a repeated request's suffix match:
-        0.81, 0.70, 0.67) would otherwise never try its next node, priced at 0.15 against the 0.64
-        its trend says. Among the nodes never drafted only the first can be raised, so a tree
-        explores one node at a time, and a wide tree's hundredth node stays priced at the prior.
+        is none) or, where the two nodes before it hold up better than that, their trend carried
+        one node on: ``r[i-1]**2 / r[i-2]``, never above ``r[i-1]`` where both were drafted in
+        this estimate's window, and never above ``TREND_DECAY * r[i-1]`` past the nodes drafted.
+        A tree whose nodes keep being accepted (a repeated request's suffix match: 0.81, 0.70,
+        0.67) would otherwise never try its next node, priced at 0.15 against the 0.64 its trend
+        says. And one node past those drafted seldom pays alone where the forward's cost jumps
+        (on a CPU in float32 a six-token verify can cost 1.6 one-token forwards where five cost
+        1.15): suffix decoding on code edits kept four nodes a step for whole turns, 4.2 tokens a
+        step against 7.1 where the warm-up measured a gentler step. So the trend goes on through
+        the nodes never drafted, at least halving each node: the next few are priced together,
+        and a wide tree's far nodes fall to the prior within a few nodes.
         """
         under = self.prior.node_rates(nodes) if self.prior is not None else [PRIOR_ACCEPTANCE / (i + 1) for i in range(nodes)]
         reached = self._node_reached[:nodes] + [0] * (nodes - len(self._node_reached))
         hits = self._node_hits[:nodes] + [0] * (nodes - len(self._node_hits))
         rates: list[float] = []
+        on_trend: list[bool] = []  # drafted in the window, or priced by the trend
         for node, prior in enumerate(under):
-            if node >= 2 and reached[node - 1] and reached[node - 2]:
-                prior = max(prior, rates[-1] * min(1.0, rates[-1] / rates[-2]))
+            raised = False
+            if node >= 2 and on_trend[-1] and on_trend[-2]:
+                limit = 1.0 if reached[node - 1] and reached[node - 2] else TREND_DECAY
+                trend = rates[-1] * min(limit, rates[-1] / rates[-2])
+                prior, raised = max(prior, trend), trend > prior
             rates.append((hits[node] + PRIOR_WEIGHT * prior) / (reached[node] + PRIOR_WEIGHT))
+            on_trend.append(reached[node] > 0 or raised)
         return rates
 
     def expected_tree_tokens(self, nodes: int) -> list[float]:
