@@ -167,7 +167,7 @@ def test_tree_nodes_are_estimated_one_by_one():
     """A node's rate is how often it lay on the accepted path when drafted, shrunk toward the
     prior PRIOR_ACCEPTANCE / (i + 1), or toward the trend of the two nodes before it where both
     were drafted and that is higher; the expected tokens of a tree's first n nodes add them up;
-    nodes past the first one never drafted keep the prior."""
+    nodes never drafted after nodes that were hardly ever accepted keep the prior."""
     est = trees(*[(6, {0, 1}), (6, {0}), (6, {2}), (6, set())] * 4)
     rates = est.node_rates(10)
     for node, hits in ((0, 8), (1, 4), (2, 4), (4, 0), (5, 0)):
