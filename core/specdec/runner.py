@@ -246,6 +246,9 @@ class ModelRunner:
             output = self.forward_rows(cache, [token_ids])[0]
             return RunnerOutput(output.logits[-1:], output.hidden_states) if last_only else output
         input_ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)
+        # Trees built on the host (tree_attention's default) run on the model's device.
+        position_ids = None if position_ids is None else position_ids.to(self.device)
+        attention_mask = None if attention_mask is None else attention_mask.to(self.device)
         if attention_mask is not None and self.sliding_window is not None:
             start = cache.get_seq_length()
             positions = torch.arange(start, start + len(token_ids))[None] if position_ids is None else position_ids
