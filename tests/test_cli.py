@@ -198,8 +198,6 @@ def test_bench_ignore_eos_generates_max_tokens_in_every_mode(tmp_path: Path) -> 
     """With a token the model generates early made an EOS, every mode stops there; with
     `--ignore-eos`, plain, speculative and transformers' decoding all generate exactly
     `--max-tokens`, so outputs that differ cannot differ in length."""
-    import torch
-
     from specdec.testing import make_tiny_target
 
     target = make_tiny_target()

@@ -21,7 +21,9 @@ rejection sampling (SpecInfer, Miao et al. 2024): at each node the children are 
 each kept with its probability under the residual distribution, a rejected child's token
 removed from the residual; the token after the kept path is drawn from the last residual.
 
-Each group runs as one padded batch.
+Greedy and seeded requests compare their drafts with the picks on the host, after one transfer
+of the batch's picks: a few comparisons per draft, where a kernel would cost its launch and the
+copies of its inputs. Sampled chains run as one padded batch through the verify kernels.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 
 from specdec import kernels
 from specdec.errors import VerifyInputError
+from specdec.kernels.reference import accepted_path
 from specdec.requests import DraftProposal, Request, VerifyResult
 from specdec.sampling import exponential_noise, greedy_tokens, logits_to_probs, race
 
@@ -41,21 +44,17 @@ def verify_requests(
 ) -> list[VerifyResult]:
     """One :class:`VerifyResult` per request (``target_logits[i]``: ``[len(proposals[i]) + 1, V]``)."""
     results: list[VerifyResult | None] = [None] * len(requests)
-    picked = [r.params.greedy or r.noise is not None for r in requests]
-    is_tree = [p.parents is not None for p in proposals]
-    chains = [i for i in range(len(requests)) if picked[i] and not is_tree[i]]
-    trees = [i for i in range(len(requests)) if picked[i] and is_tree[i]]
-    sampled = [i for i in range(len(requests)) if not picked[i]]
-    sampled_trees = [i for i in sampled if is_tree[i]]
-    sampled = [i for i in sampled if not is_tree[i]]
+    picked = [i for i, r in enumerate(requests) if r.params.greedy or r.noise is not None]
+    sampled = [i for i, r in enumerate(requests) if not (r.params.greedy or r.noise is not None)]
+    sampled_trees = [i for i in sampled if proposals[i].parents is not None]
+    sampled = [i for i in sampled if proposals[i].parents is None]
     if any(proposals[i].probs is not None for i in sampled_trees):
         raise VerifyInputError(
             "DraftProposal.parents: the core verifies trees with draft probs for greedy or seeded requests only; "
             "propose a chain, or a tree of deterministic drafts (probs=None), for a sampled request without a "
             "seed, or verify such trees in your plugin's specdec_verify"
         )
-    groups = ((chains, _verify_chains), (trees, _verify_trees), (sampled, _verify_sampled),
-              (sampled_trees, _verify_sampled_trees))
+    groups = ((picked, _verify_picked), (sampled, _verify_sampled), (sampled_trees, _verify_sampled_trees))
     for group, verify in groups:
         if group:
             outcome = verify([requests[i] for i in group], [proposals[i] for i in group], [target_logits[i] for i in group])
@@ -101,25 +100,25 @@ def _operations(device: torch.device) -> ModuleType:
     return kernels.implementation(device)
 
 
-def _verify_chains(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
-    device = logits[0].device
-    draft_ids, num_drafts = _padded_drafts(proposals, device)
-    picks = _stack_padded([target_picks(r, lg) for r, lg in zip(requests, logits)], draft_ids.shape[1] + 1)
-    return _results(_operations(device).greedy_accept(draft_ids, num_drafts, picks))
-
-
-def _verify_trees(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
-    device = logits[0].device
-    node_ids, num_nodes = _padded_drafts(proposals, device)
-    n = node_ids.shape[1]
-    parents = torch.full((len(proposals), n), -1, dtype=torch.long)
-    for row, proposal in enumerate(proposals):
-        parents[row, : len(proposal)] = torch.tensor(proposal.parents, dtype=torch.long)
-    picks = [target_picks(r, lg, _depths(p.parents)) for r, p, lg in zip(requests, proposals, logits)]
-    outcome = _operations(device).tree_accept(node_ids, parents.to(device), num_nodes, _stack_padded(picks, n + 1))
-    # One transfer: each row is its path length, its next token, then its path.
-    rows = torch.cat([outcome.num_accepted[:, None], outcome.next_token[:, None], outcome.accepted_nodes], dim=1).tolist()
-    return [VerifyResult(row[0], row[1], row[2 : 2 + row[0]]) for row in rows]
+def _verify_picked(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:
+    """Greedy and seeded requests, chains and trees: a draft is kept when it is the target's pick
+    at its parent, which takes a few comparisons per draft once the picks are on the host. So the
+    picks come over in one transfer for the batch (the step's one read of the device), and the
+    drafts, already on the host, are compared there."""
+    depths = [None if p.parents is None else _depths(p.parents) for p in proposals]
+    picks = [target_picks(r, lg, d) for r, lg, d in zip(requests, logits, depths, strict=True)]
+    rows = (picks[0][None] if len(picks) == 1 else _stack_padded(picks, max(len(p) for p in proposals) + 1)).tolist()
+    results = []
+    for proposal, row in zip(proposals, rows):
+        if proposal.parents is None:
+            kept = 0
+            while kept < len(proposal) and proposal.token_ids[kept] == row[kept]:
+                kept += 1
+            results.append(VerifyResult(kept, row[kept]))
+        else:
+            path, token = accepted_path(proposal.token_ids, proposal.parents, row)
+            results.append(VerifyResult(len(path), token, path))
+    return results
 
 
 def _verify_sampled(requests: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult]:

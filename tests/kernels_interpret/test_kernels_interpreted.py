@@ -267,7 +267,7 @@ def test_tree_accept_ties_go_to_the_lowest_node(device: torch.device) -> None:
 
 
 def test_engine_on_the_kernels_matches_the_torch_path(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With SPECDEC_VERIFY_BACKEND=triton the engine verifies through the kernels: greedy output
+    """With SPECDEC_VERIFY_BACKEND=triton the engine verifies sampled requests through the kernels: greedy output
     equals plain greedy; a sampled request (rejection sampling, torch's generator seeded alike)
     gives the very tokens the torch path gives (same random numbers, same decisions), with drafts
     both kept and rejected; and so does a seeded one (its own draws, matched greedily)."""
@@ -299,7 +299,8 @@ def test_engine_on_the_kernels_matches_the_torch_path(tiny, monkeypatch: pytest.
     assert [o.token_ids for o in outputs["triton"]] == [o.token_ids for o in outputs["torch"]]
     assert seeded["triton"] == seeded["torch"]
     steps = sum(o.metrics.num_steps for o in outputs["triton"])
-    assert launches["rejection_accept"] == steps and launches["greedy_accept"] > 0
+    # Greedy and seeded requests compare their drafts with the picks on the host.
+    assert launches["rejection_accept"] == steps and launches["greedy_accept"] == 0
     accepted = sum(o.metrics.num_accepted_tokens for o in outputs["triton"])
     drafted = sum(o.metrics.num_draft_tokens for o in outputs["triton"])
     assert 0 < accepted < drafted

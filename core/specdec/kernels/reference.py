@@ -109,6 +109,28 @@ def rejection_accept(
     return Acceptance(num_accepted, _chain_output(draft_ids, num_accepted, next_token))
 
 
+def accepted_path(tokens: list[int], parents: list[int], picks: list[int]) -> tuple[list[int], int]:
+    """One tree's greedy acceptance on the host: the nodes of the longest root-down path whose every
+    node is the target's pick at its parent (``picks[parent + 1]``; the lowest index wins among
+    the deepest), root side first, and the pick after the path's last node."""
+    # depth[i]: length of the accepted path ending at node i, 0 when node i is not accepted.
+    depth = [0] * len(tokens)
+    best = -1
+    for i, (token, parent) in enumerate(zip(tokens, parents)):
+        if parent >= 0 and not depth[parent]:
+            continue
+        if token == picks[parent + 1]:
+            depth[i] = (depth[parent] if parent >= 0 else 0) + 1
+            if best < 0 or depth[i] > depth[best]:
+                best = i
+    path = []
+    node = best
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1], picks[best + 1]
+
+
 def tree_accept(
     node_ids: torch.Tensor, parents: torch.Tensor, num_nodes: torch.Tensor, target_argmax: torch.Tensor
 ) -> TreeAcceptance:
@@ -121,29 +143,13 @@ def tree_accept(
     batch, n = node_ids.shape
     # One read of every input (one host sync on a GPU without the kernels).
     rows = torch.cat([num_nodes[:, None], node_ids, parents, target_argmax], dim=1).tolist()
-    counts = [row[0] for row in rows]
-    tokens, links, argmax = [row[1 : 1 + n] for row in rows], [row[1 + n : 1 + 2 * n] for row in rows], [row[1 + 2 * n :] for row in rows]
     num_accepted, accepted_nodes, next_token = [], [], []
-    for row in range(batch):
-        # depth[i]: length of the accepted path ending at node i, 0 when node i is not accepted.
-        depth = [0] * counts[row]
-        best = -1
-        for i in range(counts[row]):
-            parent = links[row][i]
-            if parent >= 0 and not depth[parent]:
-                continue
-            if tokens[row][i] == argmax[row][parent + 1]:
-                depth[i] = (depth[parent] if parent >= 0 else 0) + 1
-                if best < 0 or depth[i] > depth[best]:  # the lowest index wins among the deepest
-                    best = i
-        path = [-1] * n
-        node = best
-        while node >= 0:
-            path[depth[node] - 1] = node
-            node = links[row][node]
-        num_accepted.append(depth[best] if best >= 0 else 0)
-        accepted_nodes.append(path)
-        next_token.append(argmax[row][best + 1])
+    for row in rows:
+        count = row[0]
+        path, token = accepted_path(row[1 : 1 + count], row[1 + n : 1 + n + count], row[1 + 2 * n :])
+        num_accepted.append(len(path))
+        accepted_nodes.append(path + [-1] * (n - len(path)))
+        next_token.append(token)
     device = node_ids.device
     return TreeAcceptance(
         torch.tensor(num_accepted, dtype=torch.long, device=device),
