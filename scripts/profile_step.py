@@ -1,6 +1,8 @@
 """Where a captured decoding step's time goes on CUDA (the GPU check's `profile` step).
 
-For one plain decoding step at batch 1 it times the whole ``runner.forward_rows`` call, the graph
+First the cost of a forward by width on the default execution path, at a few contexts, the
+widths taking turns (tells a real step in the cost from noise). Then, for one plain decoding
+step at batch 1, it times the whole ``runner.forward_rows`` call, the graph
 replay alone, and the host-side input packing alone, for each ``--max-model-len`` (the static path
 attends over every reserved position, so this shows what that length costs) and for inductor's
 fused kernels captured the same way (``--compile``), next to an eager forward; then the CUDA
@@ -13,6 +15,8 @@ Without CUDA it times the static path uncaptured and the eager forward (a dry ru
 from __future__ import annotations
 
 import argparse
+import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -51,11 +55,41 @@ def profile(model: torch.nn.Module, execution: str, max_model_len: int, context:
     return result
 
 
+def width_curve(model: torch.nn.Module, contexts: list[int], widths: list[int], sync: Callable[[], None],
+                rounds: int = 30) -> dict[int, list[float]]:
+    """By context, the median time of a forward of each width over a one-token forward's, on the
+    default execution path. The widths take turns within each round, so a slow moment of the
+    machine falls on all of them alike: a width that costs more here than a wider one costs it
+    every time (the draft policy's own measurement, a few runs per width, cannot tell)."""
+    runner = ModelRunner(model)
+    runner.prepare(max_rows=1, max_width=max(widths))
+    curves = {}
+    for context in contexts:
+        cache = runner.new_batch_cache(1)
+        runner.forward_rows(cache, [list(range(100, 100 + context))])
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        for _ in range(rounds):
+            for width in widths:
+                sync()
+                start = time.perf_counter()
+                runner.forward_rows(cache, [[5] * width])
+                sync()
+                times[width].append(time.perf_counter() - start)
+                runner.rollback_rows(cache, [width])
+        one = statistics.median(times[1])
+        curves[context] = [statistics.median(times[w]) / one for w in widths]
+        print(f"context {context}: one token {one * 1e3:.2f} ms; by width " +
+              ", ".join(f"{w}: {r:.2f}" for w, r in zip(widths, curves[context])))
+    return curves
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--max-model-len", default="1024,8192", help="comma list of reserved lengths to compare")
     parser.add_argument("--context", type=int, default=512, help="cached tokens before the timed step")
+    parser.add_argument("--curve-contexts", default="128,1024,3000",
+                        help="contexts of the width curve (forward cost by width, widths taking turns); empty: none")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     model, _ = load_model(None if args.model == "default" else args.model, "bfloat16" if cuda else "float32", "cuda" if cuda else "cpu")
@@ -63,6 +97,8 @@ def main() -> None:
     with torch.inference_mode():
         eager = profile(model, "eager", max(int(n) for n in args.max_model_len.split(",")), args.context, sync)
         print(f"eager forward: {eager['step_ms']:.2f} ms per step")
+        if args.curve_contexts:
+            width_curve(model, [int(c) for c in args.curve_contexts.split(",")], [*range(1, 10), 12, 16], sync)
         lengths = [int(n) for n in args.max_model_len.split(",")]
         # Captured eager kernels at each reserved length; on CUDA also inductor's fused ones,
         # captured (one compile, at the shortest length).

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from specdec import LLM, SamplingParams
-from specdec.bench.costs import cost_breakdown, forward_cost_table, plot_costs, step_table
+from specdec.bench.costs import cost_breakdown, forward_cost_table, plot_costs, policy_summary, step_table
 from specdec.bench.dataset import Question
 from specdec.bench.runner import PLAIN, SPEC, run_benchmark
 from specdec.metrics import aggregate
@@ -93,3 +93,32 @@ def test_a_repeated_turn_is_not_drafted_from_its_own_earlier_answer(tiny, monkey
         run_batched_benchmark(plain, spec, QUESTIONS, params, 1, batch_size, repeats=3)
     # Each question has a category of its own, so each runs alone in batches too: two repeats each.
     assert len(cached_before) == 2 * len(QUESTIONS) and all(n > 0 for n in cached_before)
+
+
+def test_the_adaptive_policy_says_what_it_learnt(tiny):
+    """With the adaptive length on, the breakdown carries what the policy learnt by the end (its
+    drafter's time per drafted token, step-time ratios, acceptance by position) and the bench
+    prints it in one line; with a fixed length there is nothing to say."""
+    plain = LLM(tiny.model, None, tokenizer=tiny.tokenizer)
+    spec = LLM(tiny.model, {"decoding_type": "NGram", "max_draft_len": 3}, tokenizer=tiny.tokenizer)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    results = run_benchmark(plain, spec, None, QUESTIONS, params, 1)
+    costs = cost_breakdown(spec, results, 1)
+    state = costs["policy"]
+    policy = spec.engine.policy
+    assert state["batch_size"] == 1 and len(state["acceptance_by_position"]) == 3
+    assert state["acceptance_by_position"] == [policy.acceptance.alpha(i) for i in range(3)]
+    drafted = aggregate(r.runs[SPEC].metrics for r in results).num_drafts
+    line = policy_summary(costs)
+    assert line.startswith("policy at the end (batch 1): ") and "acceptance by position" in line
+    if drafted:
+        assert state["draft_seconds_per_token"]["average"] == policy.draft_time[1].seconds
+        assert "ms per drafted token" in line
+    else:
+        assert state["draft_seconds_per_token"] is None and "no drafting step measured" in line
+    assert state["step_time_ratio_by_drafts"] == policy.step_times[1].medians()
+
+
+def test_a_fixed_draft_length_has_no_policy_to_report(breakdown):
+    _, _, costs = breakdown
+    assert "policy" not in costs and policy_summary(costs) is None

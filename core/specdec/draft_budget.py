@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -103,6 +104,21 @@ class DraftBudget:
         self._measuring: CostMeasurement | None = None
         # The costs of a single request's forwards, before any request can wait for them.
         self.measure(1)
+
+    def state(self, rows: int) -> dict[str, Any]:
+        """What the policy has learnt for batches of ``rows``, for people asking why it drafted as
+        it did: the drafter's seconds per drafted token (running average and fastest step), the
+        measured over predicted step time by draft count, the setup of the latest resumes, and
+        the engine-wide acceptance by position."""
+        draft_time = self.draft_time.get(rows)
+        step_time = self.step_times.get(rows)
+        return {
+            "batch_size": rows,
+            "draft_seconds_per_token": None if draft_time is None else {"average": draft_time.seconds, "fastest": draft_time.floor},
+            "step_time_ratio_by_drafts": {} if step_time is None else step_time.medians(),
+            "resume_setup_seconds": list(self.resume_cost.setup.get(rows, ())),
+            "acceptance_by_position": [self.acceptance.alpha(i) for i in range(self.config.max_draft_len)],
+        }
 
     # -- measurement, outside requests --------------------------------------------------------
 

@@ -240,21 +240,21 @@ class StepTime:
 
     def ratio(self, drafts: int) -> float:
         """Measured over predicted seconds for a step of ``drafts`` tokens per request."""
-        return _interpolate(self._medians(), drafts)
+        return _interpolate(self.medians(), drafts)
 
     def correct(self, cost: ForwardCost) -> ForwardCost:
         """``cost`` with every width's seconds scaled by its ratio (unchanged without a time unit)."""
         if cost.base_seconds <= 0:
             return cost
         # Once per step, not per width: a tree method's forward may be hundreds of tokens wide.
-        medians = self._medians()
+        medians = self.medians()
         return ForwardCost.from_seconds([t * _interpolate(medians, n) for n, t in enumerate(cost.seconds)])
 
     def _stale(self, drafts: int) -> bool:
         """Whether ``drafts``' ratios were last renewed more than ``STEP_TIME_STALE`` steps ago."""
         return self._steps - self._last.get(drafts, 0) > STEP_TIME_STALE
 
-    def _medians(self) -> dict[int, float]:
+    def medians(self) -> dict[int, float]:
         """Each count's median ratio; plain steps' (0) is the warm-up's (1) while they have none,
         and a drafting count's stale ratio is no less than it."""
         medians = {0: 1.0} | {n: statistics.median(r) for n, r in self.ratios.items()}

@@ -94,7 +94,34 @@ def cost_breakdown(spec: LLM, results: list[TurnResult], rows: int) -> dict[str,
     categories = sorted({r.category for r in results})
     steps = {c: step_breakdown([r for r in results if r.category == c]) for c in categories}
     steps["overall"] = step_breakdown(results)
-    return {"forward_cost": forward_costs(spec, rows), "steps": {c: s for c, s in steps.items() if s}}
+    costs = {"forward_cost": forward_costs(spec, rows), "steps": {c: s for c, s in steps.items() if s}}
+    if spec.engine.policy.adaptive:
+        costs["policy"] = spec.engine.policy.state(rows)
+    return costs
+
+
+def policy_summary(costs: dict[str, Any]) -> str | None:
+    """One line on what the adaptive policy had learnt by the end of the run (``None`` without
+    one): why it drafted as much, or as little, as it did."""
+    state = costs.get("policy")
+    if not state:
+        return None
+    forward = costs["forward_cost"]["one_token_seconds"][0]
+    draft = state["draft_seconds_per_token"]
+    if draft is None:
+        parts = ["no drafting step measured"]
+    else:
+        fastest = "" if draft["fastest"] is None else f", fastest {1e3 * draft['fastest']:.2f} ms"
+        parts = [(f"drafting {1e3 * draft['average']:.2f} ms per drafted token "
+                  f"({draft['average'] / forward:.2f} one-token forwards{fastest})")]
+    ratios = state["step_time_ratio_by_drafts"]
+    if ratios:
+        parts.append("step time over the warm-up's by drafts " + ", ".join(f"{n}: {r:.2f}" for n, r in sorted(ratios.items())))
+    if state["resume_setup_seconds"]:
+        setups = state["resume_setup_seconds"]
+        parts.append(f"resume setup {1e3 * sum(setups) / len(setups):.2f} ms (last {len(setups)})")
+    parts.append("acceptance by position " + " ".join(f"{a:.2f}" for a in state["acceptance_by_position"]))
+    return f"policy at the end (batch {state['batch_size']}): " + "; ".join(parts)
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -10,7 +10,7 @@ import click
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from specdec.bench.costs import cost_breakdown, forward_cost_table, plot_costs, step_table
+from specdec.bench.costs import cost_breakdown, forward_cost_table, plot_costs, policy_summary, step_table
 from specdec.bench.dataset import load_questions
 from specdec.bench.report import plot_summary, summarize, summary_table
 from specdec.bench.runner import HFPeer, TurnResult, run_batched_benchmark, run_benchmark
@@ -104,6 +104,8 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
         costs = cost_breakdown(spec, results, batch_size)
     console.print(forward_cost_table(costs, spec.method))
     console.print(step_table(costs, spec.method))
+    if (learnt := policy_summary(costs)) is not None:
+        console.print(learnt)
     if json_out:
         path = Path(json_out)
         payload = {
