@@ -47,6 +47,7 @@ from specdec import (
     catch_up,
     draft_ranking,
     drafter_checkpoint,
+    greedy_tokens,
     kept_rows,
     pick_drafts,
     prepack_linears,
@@ -178,19 +179,30 @@ class Eagle3Resources(HiddenStateResources):
         caches = [r.method_state.cache for r in requests]
         batch = RaggedDraftBatch([self._layer_caches(c) for c in caches], depth - 1, self.device)
         positions = torch.tensor([[c.length] for c in caches], device=self.device)
+        # A batch of greedy requests keeps its picks on the device, each feeding the next depth,
+        # and reads them once at the end: the host never waits for the device within the chain.
+        greedy = all(r.params.greedy for r in requests)
+        picked: list[torch.Tensor] = []
         tokens: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
         for step in range(depth):
-            picks = self._choose(self.head.logits(hidden)[:, -1], requests, step)
-            for b, (token, dist) in enumerate(picks):
-                if step < lengths[b]:
-                    tokens[b].append(token)
-                    if dist is not None:
-                        probs[b].append(dist)
+            logits = self.head.logits(hidden)[:, -1]
+            if greedy:
+                ids = self.draft_ids[greedy_tokens(logits)]
+                picked.append(ids)
+            else:
+                picks = self._choose(logits, requests, step)
+                for b, (token, dist) in enumerate(picks):
+                    if step < lengths[b]:
+                        tokens[b].append(token)
+                        if dist is not None:
+                            probs[b].append(dist)
+                ids = torch.tensor([token for token, _ in picks], device=self.device)
             if step + 1 < depth:
-                embeds = self.embed(torch.tensor([[token] for token, _ in picks], device=self.device))
                 mask = batch.extend(torch.ones(len(requests), 1, dtype=torch.bool))
-                hidden = self.head(embeds, hidden, positions + step, batch, mask)
+                hidden = self.head(self.embed(ids[:, None]), hidden, positions + step, batch, mask)
+        if greedy:
+            tokens = [row[:n] for row, n in zip(torch.stack(picked, dim=1).tolist(), lengths)]
         return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
 
     def _tree(self, hidden: torch.Tensor, cache: HeadCache, depth: int, num_nodes: int) -> DraftProposal:

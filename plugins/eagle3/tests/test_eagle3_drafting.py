@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,38 @@ def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(target, fitted_dir
     joined, steady, second = setup_seconds_by_phase(llm, target.encode(PROMPTS[0]), target.encode(PROMPTS[1]))
     llm.close()
     assert 0 < joined == steady < second
+
+
+def test_a_greedy_chain_reads_the_device_once(target, fitted_dir, monkeypatch) -> None:
+    """A greedy batch's chain keeps each depth's picks on the device and reads its drafts once at
+    the end (on CUDA each read waits for the device; here the same calls are counted, but for the
+    padding masks RaggedDraftBatch keeps on the host by design)."""
+    reads: list[int] = []
+    original = Eagle3Resources.propose
+
+    def propose(self, requests):
+        counted = {"n": 0}
+        methods = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__bool__", "__int__")}
+
+        def count(name):
+            def read(tensor, *args, **kwargs):
+                if not sys._getframe(1).f_code.co_filename.endswith(os.path.join("specdec", "kv_cache.py")):
+                    counted["n"] += 1
+                return methods[name](tensor, *args, **kwargs)
+            return read
+
+        with monkeypatch.context() as patch:
+            for name in methods:
+                patch.setattr(torch.Tensor, name, count(name))
+            drafted = original(self, requests)
+        if any(len(p) for p in drafted):
+            reads.append(counted["n"])
+        return drafted
+
+    monkeypatch.setattr(Eagle3Resources, "propose", propose)
+    llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 4,
+                             "adaptive_draft_len": False}, tokenizer=target.tokenizer)
+    prompts = [{"prompt_token_ids": target.encode(text)} for text in PROMPTS]
+    llm.generate(prompts, SamplingParams(max_tokens=16))
+    llm.close()
+    assert reads and set(reads) == {1}, reads
