@@ -29,6 +29,7 @@ from specdec.resources import HiddenStateResources, LastStateResources, Resource
 from specdec.runner import ModelRunner, cache_keyword
 from specdec.sampling import SamplingParams, greedy_tokens, logits_to_probs
 from specdec.setup_time import SetupClock, catch_up
+from specdec.static_draft import RecordedCalls, StaticDraftCache
 from specdec.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from specdec.suffix import SUFFIX_DEFAULTS, SuffixCache
 from specdec.trees import DraftTree, TreeCandidates, node_depths, parents_of_paths, path_to
@@ -55,6 +56,7 @@ __all__ = [
     "Progress",
     "QueueFullError",
     "RaggedDraftBatch",
+    "RecordedCalls",
     "Request",
     "RequestDelta",
     "RequestFailedError",
@@ -67,6 +69,7 @@ __all__ = [
     "SetupClock",
     "SpecdecError",
     "SpeculativeConfig",
+    "StaticDraftCache",
     "StructuredOutputsParams",
     "SuffixCache",
     "TargetContext",

@@ -32,7 +32,6 @@ Execution modes (``--enforce-eager`` and ``--compile`` on the command line):
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from specdec.cuda_graphs import record_graph
 from specdec.progress import Progress, log_console
 from specdec.static_cache import StaticKVCache
 
@@ -257,30 +257,13 @@ class StaticForward:
         return bucket
 
     def _capture(self, bucket: _Bucket) -> None:
-        """Record ``bucket``'s forward as a CUDA graph (after warm-up runs on a side stream, as
-        capture requires). The runs write to the cache where the bucket's inputs say: at the
-        positions of the step being run, with the same values, or into rows nobody holds yet."""
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._run(*bucket.inputs, bucket.hidden_layers, bucket.key_length)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # No garbage collection while recording (torch collects just before): a collection could
-        # free an earlier engine's graphs, whose release is not allowed during a capture. The
-        # capture would fail, and leave the CUDA random generator expecting one, so that every
-        # later sampling in the process fails.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                bucket.outputs = self._run(*bucket.inputs, bucket.hidden_layers, bucket.key_length)
-        finally:
-            if collecting:
-                gc.enable()
-        self._pool = graph.pool()
-        bucket.graph = graph
+        """Record ``bucket``'s forward as a CUDA graph. The warm-up runs write to the cache where
+        the bucket's inputs say: at the positions of the step being run, with the same values, or
+        into rows nobody holds yet."""
+        bucket.graph, bucket.outputs = record_graph(
+            lambda: self._run(*bucket.inputs, bucket.hidden_layers, bucket.key_length), self.device, self._pool
+        )
+        self._pool = bucket.graph.pool()
 
     def _host_inputs(self, rows: list[list[int]], parents: list[list[int] | None] | None, num_rows: int, width: int) -> torch.Tensor:
         """The packed inputs of a forward padded to ``num_rows`` x ``width``, on the host."""

@@ -27,6 +27,7 @@ chains only.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +40,10 @@ from specdec import (
     HiddenStateResources,
     HiddenStates,
     RaggedDraftBatch,
+    RecordedCalls,
     Request,
     RequestKV,
+    StaticDraftCache,
     TargetContext,
     TreeCandidates,
     VerifyResult,
@@ -58,6 +61,8 @@ from specdec_eagle3.compat import resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
 from specdec_eagle3.head import HeadCache
 from specdec_eagle3.tree import frontier_mask
+
+log = logging.getLogger("specdec.eagle3")
 
 #: The head trained for the default target by ``specdec train eagle3`` (see docs/eagle3.md).
 SHIPPED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-eagle3"
@@ -121,6 +126,18 @@ class Eagle3Resources(HiddenStateResources):
                 raise ConfigError(f"eagle_topk: {config.eagle_topk} exceeds draft_vocab_size {len(rows)}")
         self.vocab_size = target.vocab_size
         self.device = target.device
+        # Where the target's forwards run in fixed shapes, greedy chains do too, recorded once per
+        # shape and replayed where the target's forwards are (CUDA graphs; specdec.static_draft).
+        self.static_cache: StaticDraftCache | None = None
+        self.recorded: RecordedCalls | None = None
+        if target.runner.execution != "eager":
+            llama = self.head.config.llama
+            self.static_cache = StaticDraftCache(
+                self.head.config.num_layers, target.max_batch_size, int(llama.num_key_value_heads or llama.num_attention_heads),
+                self.head.config.head_dim, target.runner.max_length + config.max_draft_len, target.dtype, target.device,
+            )
+            records = target.runner.execution in ("cuda_graph", "compile") and target.device.type == "cuda"
+            self.recorded = RecordedCalls("cuda_graph" if records else "static", target.device)
 
     def features(self, hidden_states: HiddenStates, rows: int | None = None) -> torch.Tensor:
         """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""
@@ -130,7 +147,7 @@ class Eagle3Resources(HiddenStateResources):
         request.method_state = HeadState(pending=[self.features(request.target_output.hidden_states)])
 
     def release(self) -> None:
-        self.head = self.embed = self.draft_ids = None
+        self.head = self.embed = self.draft_ids = self.static_cache = self.recorded = None
         super().release()
 
     def commit(self, request: Request, result: VerifyResult) -> None:
@@ -177,11 +194,19 @@ class Eagle3Resources(HiddenStateResources):
         lengths = [min(self.config.max_draft_len, r.max_draft_len) for r in requests]
         depth = max(lengths)
         caches = [r.method_state.cache for r in requests]
+        greedy = all(r.params.greedy for r in requests)
+        if greedy and self.recorded is not None:
+            try:
+                return self._recorded_chains(caches, hidden, lengths)
+            except RuntimeError as exc:
+                if self.recorded.mode == "static":
+                    raise
+                log.warning("EAGLE-3: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
+                self.recorded = self.static_cache = None
         batch = RaggedDraftBatch([self._layer_caches(c) for c in caches], depth - 1, self.device)
         positions = torch.tensor([[c.length] for c in caches], device=self.device)
         # A batch of greedy requests keeps its picks on the device, each feeding the next depth,
         # and reads them once at the end: the host never waits for the device within the chain.
-        greedy = all(r.params.greedy for r in requests)
         picked: list[torch.Tensor] = []
         tokens: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -204,6 +229,35 @@ class Eagle3Resources(HiddenStateResources):
         if greedy:
             tokens = [row[:n] for row, n in zip(torch.stack(picked, dim=1).tolist(), lengths)]
         return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+
+    def _recorded_chains(self, caches: list[HeadCache], hidden: torch.Tensor, lengths: list[int]) -> list[DraftProposal]:
+        """Greedy chains drafted by the loop of :meth:`_chain_loop`, in the static cache's fixed
+        shapes: recorded once per shape on CUDA and replayed. The same drafts as the eager loop."""
+        depth = max(lengths)
+        cached = self.static_cache.load([self._layer_caches(c) for c in caches])
+        rows, key_length = self.static_cache.shape_for(len(caches), max(cached) + depth)
+        padded = hidden.new_zeros(rows, 1, hidden.shape[-1])
+        padded[: len(caches)] = hidden
+        starts = torch.zeros(rows, 1, dtype=torch.long)
+        starts[: len(caches), 0] = torch.tensor(cached)
+        picks = self.recorded((rows, depth, key_length), lambda h, s: self._chain_loop(h, s, depth, key_length),
+                              [padded, starts.to(self.device)])
+        return [DraftProposal(row[:n]) for row, n in zip(picks[: len(caches)].tolist(), lengths)]
+
+    def _chain_loop(self, hidden: torch.Tensor, starts: torch.Tensor, depth: int, key_length: int) -> torch.Tensor:
+        """``[rows, depth]`` greedy drafts from the head's outputs ``hidden`` (``[rows, 1, hidden]``),
+        row ``b``'s cache holding its first ``starts[b, 0]`` positions; nothing leaves the device."""
+        keys = torch.arange(key_length, device=self.device)
+        picks = []
+        for step in range(depth):
+            ids = self.draft_ids[greedy_tokens(self.head.logits(hidden)[:, -1])]
+            picks.append(ids)
+            if step + 1 < depth:
+                positions = starts + step
+                self.static_cache.write_at(positions, key_length)
+                mask = (keys[None] <= positions)[:, None, None, :]
+                hidden = self.head(self.embed(ids[:, None]), hidden, positions, self.static_cache, mask)
+        return torch.stack(picks, dim=1)
 
     def _tree(self, hidden: torch.Tensor, cache: HeadCache, depth: int, num_nodes: int) -> DraftProposal:
         """EAGLE-2: expand the ``eagle_topk`` best nodes per depth, one head forward per depth, then

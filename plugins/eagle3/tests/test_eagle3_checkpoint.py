@@ -237,6 +237,10 @@ def largest_allocation(monkeypatch) -> list[int]:
     asked for off the meta device since the test began."""
     largest = [0]
     empty = torch.empty
+    # torch's device context lists the factory functions it redirects once, at its first use:
+    # listed while the spy stands in for torch.empty, the real one would allocate on the CPU.
+    with torch.device("meta"):
+        empty(0)
 
     def spy(*args, **kwargs):
         tensor = empty(*args, **kwargs)

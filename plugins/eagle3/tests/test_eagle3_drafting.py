@@ -76,16 +76,22 @@ def _drafts_from_scratch(manager: Eagle3Resources, model: torch.nn.Module, token
     return drafts
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
-def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, deep_fitted_dir, monkeypatch, num_layers) -> None:
+@pytest.mark.parametrize(("num_layers", "execution"), [(1, "eager"), (2, "eager"), (1, "static"), (2, "static")])
+def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, deep_fitted_dir, monkeypatch, num_layers,
+                                                         execution) -> None:
     """After any number of accepted drafts, every proposal equals a cache-free recomputation with the
     true target features: the catch-up, the chained steps and the rollback keep the head in step,
     with one decoder layer or two, for a request alone and for requests of different lengths
-    drafted together (padded into one batch, catching up on different numbers of pairs)."""
+    drafted together (padded into one batch, catching up on different numbers of pairs). Where the
+    target runs in fixed shapes (``static``, as CUDA graphs do), the chains are drafted by the
+    recorded loop over the static draft cache, to the same drafts."""
     fitted_dir = fitted_dir if num_layers == 1 else deep_fitted_dir
     records = _recording(monkeypatch)
+    loops = []
+    original_loop = Eagle3Resources._chain_loop
+    monkeypatch.setattr(Eagle3Resources, "_chain_loop", lambda self, *args: loops.append(args[0].shape[0]) or original_loop(self, *args))
     llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
-                             "adaptive_draft_len": False}, tokenizer=target.tokenizer)
+                             "adaptive_draft_len": False}, tokenizer=target.tokenizer, execution=execution)
     plain = LLM(target.model, None, tokenizer=target.tokenizer)
     manager = llm.engine.resource_manager
     prompts = [{"prompt_token_ids": target.encode(text)} for text in PROMPTS]
@@ -96,10 +102,13 @@ def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, dee
     manager.head.register_forward_hook(lambda head, args, out: rows.append(out.shape[0]))
     assert [out.token_ids for out in llm.generate(prompts, SamplingParams(max_tokens=24))] == expected
     assert llm.get_metrics().num_accepted_tokens > len(PROMPTS), "too few accepted drafts to test the catch-up"
-    assert max(rows) == len(PROMPTS), "the batch's requests were not drafted together"
+    # Drafted together: the recorded loop pads the three rows to a batch bucket of four.
+    assert max(rows) == (4 if execution == "static" else len(PROMPTS)), "the batch's requests were not drafted together"
     for tokens, drafts, probs in records:
         assert probs is None
         assert drafts == _drafts_from_scratch(manager, target.model, tokens, len(drafts))
+    # Fixed shapes: the recorded loop drafted the chains (the batch's three requests padded to four).
+    assert (4 in loops) if execution == "static" else not loops
     llm.close()
     assert not llm.engine.runner.hidden_layers
 

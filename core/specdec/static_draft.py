@@ -1,0 +1,126 @@
+"""A drafter's steps in fixed shapes, recorded once as CUDA graphs and replayed, as the target's
+forwards are (:mod:`specdec.static_forward`).
+
+A draft head's step is a few small matrix products. Run eagerly on a GPU, its time is the host
+launching kernels one at a time: on an H200 EAGLE-3's head took 0.1 to 0.7 of a captured target
+forward per drafted token, which kept the policy's drafts short. A drafter whose loop keeps its
+picks on the device can instead run the loop over a :class:`StaticDraftCache` (its requests' head
+caches copied side by side into fixed buffers, each row writing its new positions at its own
+length) through :class:`RecordedCalls`, which records the loop once per shape and replays it:
+one launch for the whole chain.
+
+``static`` mode runs the same fixed shapes without recording them (a CPU can test them);
+``cuda_graph`` records them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specdec.cuda_graphs import record_graph
+from specdec.kv_cache import RequestKV
+from specdec.static_forward import batch_buckets, bucket_for, key_length_buckets
+
+
+class RecordedCalls:
+    """Calls of a function of fixed-shape tensors: recorded once per key and replayed
+    (``cuda_graph``), or called directly (``static``).
+
+    The function must read nothing back to the host and keep its shapes for a key; what it
+    writes to buffers outside its inputs (a :class:`StaticDraftCache`) is written again by each
+    replay.
+    """
+
+    def __init__(self, mode: str, device: torch.device) -> None:
+        if mode not in ("static", "cuda_graph"):
+            raise ValueError(f"mode: static or cuda_graph, not {mode!r}")
+        self.mode = mode
+        self.device = device
+        self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+
+    def __call__(self, key: object, fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``fn(*inputs)``; recorded at the first call with ``key``, replayed at the next ones
+        (the output is then the recorded tensor: read it before the next call)."""
+        if self.mode == "static":
+            return fn(*inputs)
+        if key not in self._recorded:
+            static = [tensor.clone() for tensor in inputs]
+            graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
+            self._pool = graph.pool()
+            self._recorded[key] = (static, graph, output)
+        static, graph, output = self._recorded[key]
+        for target, tensor in zip(static, inputs, strict=True):
+            target.copy_(tensor)
+        graph.replay()
+        return output
+
+
+class StaticDraftCache:
+    """A drafter's per-layer keys and values for a batch, in fixed buffers of ``max_rows`` rows
+    and ``capacity`` positions.
+
+    :meth:`load` copies each request's cache into its row; a recorded step then sets
+    :meth:`write_at` (each row's position, a device tensor) and the key length it attends over,
+    and each layer's ``append`` writes its new keys and values there and returns the buffers'
+    first ``key_length`` positions: the drafter masks what lies past each row's own positions.
+    Nothing reaches the requests' own caches, so positions drafted here need no rollback.
+    """
+
+    def __init__(self, num_layers: int, max_rows: int, kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (max_rows, kv_heads, capacity, head_dim)
+        self.max_rows = max_rows
+        self.capacity = capacity
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._positions: torch.Tensor | None = None
+        self._key_length = capacity
+        self._batch_sizes = batch_buckets(max_rows)
+        self._key_lengths = key_length_buckets(capacity)
+
+    def shape_for(self, rows: int, positions: int) -> tuple[int, int]:
+        """The recorded shape a step of ``rows`` requests attending over at most ``positions``
+        positions runs in: its rows padded to a batch bucket, its keys to a key length bucket (as
+        the target's forwards are, :mod:`specdec.static_forward`)."""
+        padded_rows, key_length = bucket_for(rows, self._batch_sizes), bucket_for(positions, self._key_lengths)
+        if padded_rows is None or key_length is None:
+            raise ValueError(f"{rows} rows of {positions} positions exceed this cache's {self.max_rows} x {self.capacity}")
+        return padded_rows, key_length
+
+    def load(self, rows: list[list[RequestKV]]) -> list[int]:
+        """Copy request ``b``'s cache of every layer (``rows[b]``) into row ``b``; returns their lengths."""
+        for row, layers in enumerate(rows):
+            for keys, values, source in zip(self.keys, self.values, layers, strict=True):
+                if (cached := source.cached()) is not None:
+                    keys[row, :, : source.length].copy_(cached[0][0])
+                    values[row, :, : source.length].copy_(cached[1][0])
+        return [layers[0].length for layers in rows]
+
+    def write_at(self, positions: torch.Tensor, key_length: int) -> None:
+        """The next appends write row ``b``'s one new position at ``positions[b, 0]`` and return
+        the first ``key_length`` positions."""
+        self._positions, self._key_length = positions, key_length
+
+    def layer(self, index: int) -> _StaticDraftLayer:
+        return _StaticDraftLayer(self, index)
+
+
+class _StaticDraftLayer:
+    """One layer of a :class:`StaticDraftCache`, as a drafter's attention sees its cache."""
+
+    def __init__(self, cache: StaticDraftCache, index: int) -> None:
+        self._cache = cache
+        self._index = index
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``[rows, heads, 1, dim]`` keys and values at each row's position."""
+        cache = self._cache
+        rows = keys.shape[0]
+        index = cache._positions[:rows, :, None, None].expand(rows, keys.shape[1], 1, keys.shape[-1])
+        key_buf, value_buf = cache.keys[self._index][:rows], cache.values[self._index][:rows]
+        key_buf.scatter_(2, index, keys)
+        value_buf.scatter_(2, index, values)
+        return key_buf[:, :, : cache._key_length], value_buf[:, :, : cache._key_length]
