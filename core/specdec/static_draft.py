@@ -16,12 +16,16 @@ one launch for the whole chain.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from specdec.cuda_graphs import record_graph
 from specdec.kv_cache import RequestKV
 from specdec.static_forward import batch_buckets, bucket_for, key_length_buckets
+
+if TYPE_CHECKING:
+    from specdec.resources import TargetContext
 
 
 class RecordedCalls:
@@ -40,6 +44,16 @@ class RecordedCalls:
         self.device = device
         self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
+
+    @classmethod
+    def like_target(cls, target: TargetContext) -> RecordedCalls | None:
+        """Calls that run as the target's forwards do: ``None`` where those are eager, recorded
+        where they are captured on CUDA (``cuda_graph``, ``compile``), ``static`` elsewhere."""
+        execution = target.runner.execution
+        if execution == "eager":
+            return None
+        records = execution in ("cuda_graph", "compile") and target.device.type == "cuda"
+        return cls("cuda_graph" if records else "static", target.device)
 
     def __call__(self, key: object, fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``fn(*inputs)``; recorded at the first call with ``key``, replayed at the next ones

@@ -129,15 +129,13 @@ class Eagle3Resources(HiddenStateResources):
         # Where the target's forwards run in fixed shapes, greedy chains do too, recorded once per
         # shape and replayed where the target's forwards are (CUDA graphs; specdec.static_draft).
         self.static_cache: StaticDraftCache | None = None
-        self.recorded: RecordedCalls | None = None
-        if target.runner.execution != "eager":
+        self.recorded = RecordedCalls.like_target(target)
+        if self.recorded is not None:
             llama = self.head.config.llama
             self.static_cache = StaticDraftCache(
                 self.head.config.num_layers, target.max_batch_size, int(llama.num_key_value_heads or llama.num_attention_heads),
                 self.head.config.head_dim, target.runner.max_length + config.max_draft_len, target.dtype, target.device,
             )
-            records = target.runner.execution in ("cuda_graph", "compile") and target.device.type == "cuda"
-            self.recorded = RecordedCalls("cuda_graph" if records else "static", target.device)
 
     def features(self, hidden_states: HiddenStates, rows: int | None = None) -> torch.Tensor:
         """The fused layers' states of the first ``rows`` positions: ``[rows, layers * hidden]``."""

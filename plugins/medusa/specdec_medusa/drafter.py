@@ -29,6 +29,7 @@ from specdec import (
     ConfigError,
     DraftProposal,
     LastStateResources,
+    RecordedCalls,
     Request,
     TargetContext,
     draft_vocabulary,
@@ -72,6 +73,10 @@ class MedusaResources(LastStateResources):
         self.config = config
         self.heads = heads
         self.vocab_size = target.vocab_size
+        # Where the target's forwards are captured, the heads' top tokens are too: one recorded
+        # call for the batch, padded to the engine's largest (specdec.static_draft).
+        self.recorded = RecordedCalls.like_target(target)
+        self.max_rows = target.max_batch_size
         if not config.lossless:
             logger.warning(
                 "Medusa typical acceptance is on: sampled outputs are NOT distributed as the target's "
@@ -79,7 +84,7 @@ class MedusaResources(LastStateResources):
             )
 
     def release(self) -> None:
-        self.heads = None
+        self.heads = self.recorded = None
         super().release()
 
     @torch.inference_mode()
@@ -91,21 +96,36 @@ class MedusaResources(LastStateResources):
         if not drafting:
             return proposals
         hidden = torch.stack([requests[i].method_state for i in drafting])
-        logits = self.heads(hidden)[: self.depth]  # [depth, B, head_vocab]
+        trees = [self._drafts_tree(requests[i]) for i in drafting]
+        logits = top = None
+        if all(trees) and self.recorded is not None:
+            padded = hidden.new_zeros(self.max_rows, hidden.shape[-1])
+            padded[: len(drafting)] = hidden
+            top = self.recorded("top", lambda h: self._top(self.heads(h)[: self.depth]), [padded])[:, : len(drafting)]
+        else:
+            logits = self.heads(hidden)[: self.depth]  # [depth, B, head_vocab]
+            top = self._top(logits) if any(trees) else None
+        # Every tree of the batch from one transfer: per depth, per row, the best tokens.
+        top = top.tolist() if top is not None else None
         for row, i in enumerate(drafting):
             request = requests[i]
-            if self._drafts_tree(request):
-                proposals[i] = self._tree(logits[:, row], request.max_draft_len)
+            if trees[row]:
+                proposals[i] = self._tree([best[row] for best in top], request.max_draft_len)
             else:
                 proposals[i] = self._chain(logits[:, row], request)
         return proposals
 
+    def _top(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[depth, rows, k]`` target ids of each head's best ``k`` tokens, best first, ``k`` the
+        most any depth of the tree chooses from."""
+        return self.heads.target_ids(logits.topk(max(self.topk), dim=-1).indices)
+
     def _drafts_tree(self, request: Request) -> bool:
         return request.params.greedy or request.noise is not None or not self.config.lossless
 
-    def _tree(self, logits: torch.Tensor, budget: int) -> DraftProposal:
-        """The tree's first ``budget`` nodes, each its depth's head's top-``i`` token."""
-        top = [self.heads.target_ids(logits[d].topk(k).indices).tolist() for d, k in enumerate(self.topk)]
+    def _tree(self, top: list[list[int]], budget: int) -> DraftProposal:
+        """The tree's first ``budget`` nodes, each its depth's head's top-``i`` token (``top[d]``:
+        head ``d``'s best tokens, best first)."""
         nodes = self.tree[:budget]
         return DraftProposal([top[len(node) - 1][node[-1]] for node in nodes], parents=self.parents[: len(nodes)])
 

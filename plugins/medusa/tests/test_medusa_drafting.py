@@ -58,10 +58,14 @@ def _expected_tree(model: torch.nn.Module, manager: MedusaResources, token_ids: 
     return [ranked[len(node) - 1][node[-1]] for node in TREE]
 
 
-def test_tree_nodes_are_the_heads_top_tokens_at_the_true_state(target, heads_dir, monkeypatch) -> None:
+@pytest.mark.parametrize("execution", ["eager", "static"])
+def test_tree_nodes_are_the_heads_top_tokens_at_the_true_state(target, heads_dir, monkeypatch, execution) -> None:
+    """Also where the target runs in fixed shapes (``static``, as CUDA graphs do): the heads' top
+    tokens then come from one recorded call for the batch, padded to its largest size."""
     seen = _recording(monkeypatch)
     config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES, "adaptive_draft_len": False}
-    with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=2) as llm:
+    with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=2, execution=execution) as llm:
+        assert (llm.engine.resource_manager.recorded is None) == (execution == "eager")
         outputs = llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS], SamplingParams(max_tokens=20))
         trees = [(ids, budget, proposal, manager) for ids, budget, kind, proposal, manager in seen if kind == "greedy"]
         assert trees and sum(o.metrics.num_accepted_tokens for o in outputs) > 0
@@ -83,9 +87,11 @@ def test_unseeded_sampled_requests_draft_a_chain_with_its_distributions(target, 
     seeded = [p for _, _, kind, p, _ in seen if kind == "seeded"]
     assert chains and seeded
     for budget, proposal, manager in chains:
-        assert proposal.parents is None and len(proposal) == min(manager.depth, budget) == 3
-        assert proposal.probs.shape == (3, target.model.config.vocab_size)
+        # The depth of the heads (3), or less on a last step with fewer tokens left.
+        assert proposal.parents is None and len(proposal) == min(manager.depth, budget)
+        assert proposal.probs.shape == (len(proposal), target.model.config.vocab_size)
         assert ((proposal.probs > 0).sum(-1) <= 5).all()  # shaped by the request's top_k
+    assert any(len(proposal) == 3 for _, proposal, _ in chains)
     assert all(p.parents is not None for p in seeded)
 
 
@@ -131,3 +137,31 @@ def test_draft_vocabulary_trees_and_chains_hold_only_kept_tokens(target, heads_d
     truncated = save_vllm(fitted_heads(target.model), tmp_path / "truncated", token_map=torch.arange(vocab)[3:])
     with pytest.raises(ConfigError, match="draft_vocab_size: these heads already project onto a truncated vocabulary"):
         LLM(target.model, {**config, "model": str(truncated)}, tokenizer=target.tokenizer)
+
+
+def test_a_batch_of_trees_reads_the_device_once(target, heads_dir, monkeypatch) -> None:
+    """Every tree of a drafting step comes from one read of the heads' top tokens (on CUDA each
+    read waits for the device; here the same calls are counted)."""
+    reads = []
+    propose = MedusaResources.propose
+
+    def counted(self, requests):
+        count = [0]
+        tolist = torch.Tensor.tolist
+
+        def read(tensor, *args, **kwargs):
+            count[0] += 1
+            return tolist(tensor, *args, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "tolist", read)
+            proposals = propose(self, requests)
+        if any(len(p) for p in proposals):
+            reads.append(count[0])
+        return proposals
+
+    monkeypatch.setattr(MedusaResources, "propose", counted)
+    config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES, "adaptive_draft_len": False}
+    with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=3) as llm:
+        llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS], SamplingParams(max_tokens=12))
+    assert reads and set(reads) == {1}, reads
