@@ -118,10 +118,10 @@ bench_model() {
   fi
 }
 
-# Captured forwards (CUDA graphs) are the default on CUDA.
-bench_common() {
-  common=(--model "$BENCH_MODEL" --device "$DEVICE" --dtype bfloat16 --max-turns 1 --max-tokens "${BENCH_TOKENS:-128}"
-          --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}")
+# `specdec bench` on the model in bfloat16 with ARGS; captured forwards (CUDA graphs) are the default on CUDA.
+specdec_bench() {
+  limited "$BENCH_DEADLINE" "$PYTHON" -m specdec.cli.main bench --model "$BENCH_MODEL" --device "$DEVICE" --dtype bfloat16 \
+    --max-turns 1 --max-tokens "${BENCH_TOKENS:-128}" --ignore-eos --num-prompts "${BENCH_PROMPTS:-2}" "$@"
 }
 
 # Where a captured step's time goes (seconds).
@@ -137,18 +137,15 @@ host_syncs() {
 # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
 # random_model.py's copy of it do).
 bench_eagle3() {
-  local common; bench_common
-  limited "$BENCH_DEADLINE" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --method eagle3 \
-    --categories mt_bench --baseline none \
+  specdec_bench --method eagle3 --categories mt_bench --baseline none \
     --speculative-model plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3 --json "$LOGS/bench-eagle3.json"
 }
 
 # n-gram against transformers' peer (`hf`) and its static-cache, compiled plain decoding
 # (`hf-static`); BENCH_BASELINES adds `eager` (plain decoding without captured forwards, seconds a turn).
 bench_ngram() {
-  local common; bench_common
-  limited "$BENCH_DEADLINE" "$PYTHON" -m specdec.cli.main bench "${common[@]}" --categories summarization,rag --method ngram \
-    --baseline "${BENCH_BASELINES:-none,hf,hf-static}" --json "$LOGS/bench-ngram.json"
+  specdec_bench --method ngram --categories summarization,rag --baseline "${BENCH_BASELINES:-none,hf,hf-static}" \
+    --json "$LOGS/bench-ngram.json"
 }
 
 step install install

@@ -44,8 +44,9 @@ def verify_requests(
 ) -> list[VerifyResult]:
     """One :class:`VerifyResult` per request (``target_logits[i]``: ``[len(proposals[i]) + 1, V]``)."""
     results: list[VerifyResult | None] = [None] * len(requests)
-    picked = [i for i, r in enumerate(requests) if r.params.greedy or r.noise is not None]
-    sampled = [i for i, r in enumerate(requests) if not (r.params.greedy or r.noise is not None)]
+    has_picks = [r.params.greedy or r.noise is not None for r in requests]
+    picked = [i for i, p in enumerate(has_picks) if p]
+    sampled = [i for i, p in enumerate(has_picks) if not p]
     sampled_trees = [i for i in sampled if proposals[i].parents is not None]
     sampled = [i for i in sampled if proposals[i].parents is None]
     if any(proposals[i].probs is not None for i in sampled_trees):
