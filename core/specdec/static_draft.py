@@ -16,7 +16,7 @@ one launch for the whole chain.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -26,6 +26,8 @@ from specdec.static_forward import batch_buckets, bucket_for, key_length_buckets
 
 if TYPE_CHECKING:
     from specdec.resources import TargetContext
+
+T = TypeVar("T")
 
 
 class RecordedCalls:
@@ -42,7 +44,7 @@ class RecordedCalls:
             raise ValueError(f"mode: static or cuda_graph, not {mode!r}")
         self.mode = mode
         self.device = device
-        self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, object]] = {}
         self._pool = None
 
     @classmethod
@@ -55,9 +57,10 @@ class RecordedCalls:
         records = execution in ("cuda_graph", "compile") and target.device.type == "cuda"
         return cls("cuda_graph" if records else "static", target.device)
 
-    def __call__(self, key: object, fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """``fn(*inputs)``; recorded at the first call with ``key``, replayed at the next ones
-        (the output is then the recorded tensor: read it before the next call)."""
+    def __call__(self, key: object, fn: Callable[..., T], inputs: Sequence[torch.Tensor]) -> T:
+        """``fn(*inputs)`` (a tensor or a tuple of them); recorded at the first call with ``key``,
+        replayed at the next ones (the output is then the recorded tensors: read or copy them
+        before the next call)."""
         if self.mode == "static":
             return fn(*inputs)
         if key not in self._recorded:
@@ -77,19 +80,24 @@ class StaticDraftCache:
     and ``capacity`` positions.
 
     :meth:`load` copies each request's cache into its row; a recorded step then sets
-    :meth:`write_at` (each row's position, a device tensor) and the key length it attends over,
-    and each layer's ``append`` writes its new keys and values there and returns the buffers'
+    :meth:`write_at` (each row's positions, a device tensor) and the key length it attends over,
+    and a layer's ``append`` writes its new keys and values there and returns the buffers'
     first ``key_length`` positions: the drafter masks what lies past each row's own positions.
-    Nothing reaches the requests' own caches, so positions drafted here need no rollback.
+    Nothing reaches the requests' own caches, so positions drafted here need no rollback; a
+    drafter that keeps some of them copies them out (:attr:`keys`, :attr:`values`).
+
+    ``value_shape``: the values' ``(heads, dim)`` where they differ from the keys' (DeepSeek's
+    latent attention caches a compressed latent and a rotary key).
     """
 
     def __init__(self, num_layers: int, max_rows: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
-        shape = (max_rows, kv_heads, capacity, head_dim)
+                 dtype: torch.dtype, device: torch.device, value_shape: tuple[int, int] | None = None) -> None:
+        value_heads, value_dim = value_shape or (kv_heads, head_dim)
         self.max_rows = max_rows
         self.capacity = capacity
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = [torch.zeros(max_rows, kv_heads, capacity, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(max_rows, value_heads, capacity, value_dim, dtype=dtype, device=device)
+                       for _ in range(num_layers)]
         self._positions: torch.Tensor | None = None
         self._key_length = capacity
         self._batch_sizes = batch_buckets(max_rows)
@@ -105,17 +113,20 @@ class StaticDraftCache:
         return padded_rows, key_length
 
     def load(self, rows: list[list[RequestKV]]) -> list[int]:
-        """Copy request ``b``'s cache of every layer (``rows[b]``) into row ``b``; returns their lengths."""
+        """Copy request ``b``'s caches (``rows[b]``: its first layers', in order) into row ``b``;
+        returns the first layer's lengths."""
         for row, layers in enumerate(rows):
-            for keys, values, source in zip(self.keys, self.values, layers, strict=True):
+            if len(layers) > len(self.keys):
+                raise ValueError(f"{len(layers)} layers for a cache of {len(self.keys)}")
+            for keys, values, source in zip(self.keys, self.values, layers):
                 if (cached := source.cached()) is not None:
                     keys[row, :, : source.length].copy_(cached[0][0])
                     values[row, :, : source.length].copy_(cached[1][0])
         return [layers[0].length for layers in rows]
 
     def write_at(self, positions: torch.Tensor, key_length: int) -> None:
-        """The next appends write row ``b``'s one new position at ``positions[b, 0]`` and return
-        the first ``key_length`` positions."""
+        """The next appends write row ``b``'s new positions at ``positions[b]`` (``[rows, new]``)
+        and return the first ``key_length`` positions."""
         self._positions, self._key_length = positions, key_length
 
     def layer(self, index: int) -> _StaticDraftLayer:
@@ -130,11 +141,11 @@ class _StaticDraftLayer:
         self._index = index
 
     def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``[rows, heads, 1, dim]`` keys and values at each row's position."""
+        """Write ``[rows, heads, new, dim]`` keys and values at each row's positions."""
         cache = self._cache
-        rows = keys.shape[0]
-        index = cache._positions[:rows, :, None, None].expand(rows, keys.shape[1], 1, keys.shape[-1])
+        rows, new = keys.shape[0], keys.shape[2]
+        positions = cache._positions[:rows, :new, None]
         key_buf, value_buf = cache.keys[self._index][:rows], cache.values[self._index][:rows]
-        key_buf.scatter_(2, index, keys)
-        value_buf.scatter_(2, index, values)
+        key_buf.scatter_(2, positions[:, None].expand(rows, keys.shape[1], new, keys.shape[-1]), keys)
+        value_buf.scatter_(2, positions[:, None].expand(rows, values.shape[1], new, values.shape[-1]), values)
         return key_buf[:, :, : cache._key_length], value_buf[:, :, : cache._key_length]

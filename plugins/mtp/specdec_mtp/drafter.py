@@ -35,20 +35,23 @@ from specdec import (
     DraftProposal,
     HiddenStateResources,
     RaggedDraftBatch,
+    RecordedCalls,
     Request,
+    StaticDraftCache,
     TargetContext,
     VerifyResult,
     catch_up,
     draft_vocabulary,
     drafter_checkpoint,
     is_default_model,
+    greedy_tokens,
     pick_drafts,
     prepack_linears,
     trimmed_projection,
 )
 from specdec_mtp.checkpoint import load_mtp_layers
 from specdec_mtp.config import MTPDecodingConfig
-from specdec_mtp.layer import LatentCache, MTPLayer, RaggedBlockCache, block_classes
+from specdec_mtp.layer import BlockCache, LatentCache, MTPLayer, block_classes
 from specdec_mtp.relaxed import ThinkingSpan, thinking_tokens
 
 logger = logging.getLogger(__name__)
@@ -138,6 +141,12 @@ class MTPResources(HiddenStateResources):
         self.target_embed = target.model.get_input_embeddings()
         self.rotary = target.model.get_decoder().rotary_emb
         self.device = target.device
+        # Where the target's forwards run in fixed shapes, a batch of greedy chains drafts every
+        # depth in fixed shapes too, recorded once per shape and replayed where the target's forwards
+        # are (CUDA graphs; specdec.static_draft), into a cache shaped at first use like the depths'.
+        self.recorded = RecordedCalls.like_target(target)
+        self.static_cache: StaticDraftCache | None = None
+        self._static_rows, self._static_capacity = target.max_batch_size, target.runner.max_length + 2 * config.max_draft_len
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
         self.thinking: tuple[int, int] | None = None
         if not config.lossless:
@@ -160,7 +169,7 @@ class MTPResources(HiddenStateResources):
         request.method_state = MTPState(depths, [request.target_output.hidden_states[-1]], thinking=thinking)
 
     def release(self) -> None:
-        self.layers = self.target_embed = self.rotary = None
+        self.layers = self.target_embed = self.rotary = self.recorded = self.static_cache = None
         super().release()
 
     def commit(self, request: Request, result: VerifyResult) -> None:
@@ -175,13 +184,24 @@ class MTPResources(HiddenStateResources):
         proposals = [DraftProposal() for _ in requests]
         chains = [_Chain(b, r, min(self.config.max_draft_len, r.max_draft_len)) for b, r in enumerate(requests)]
         chains = [c for c in chains if c.length > 0]
-        for k in range(1, max((c.length for c in chains), default=0) + 1):
-            active = [c for c in chains if c.length >= k]
-            runs = self._depth(k, active)
-            logits = self.layer(k).logits(torch.stack([out[-1] for _, out in runs]))
-            picks = pick_drafts(logits, [c.request for c in active], [k - 1] * len(active), self.kept, self.vocab_size)
-            for chain, (start, out), pick in zip(active, runs, picks):
-                chain.drafted(k, start, out, *pick)
+        plan = self._plan(chains) if self.recorded is not None else None
+        if plan is not None:
+            try:
+                self._draft_recorded(chains, plan)
+            except RuntimeError as exc:
+                if self.recorded.mode == "static":
+                    raise
+                logger.warning("MTP: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
+                self.recorded = self.static_cache = None
+                plan = None
+        if plan is None:
+            for k in range(1, max((c.length for c in chains), default=0) + 1):
+                active = [c for c in chains if c.length >= k]
+                runs = self._depth(k, active)
+                logits = self.layer(k).logits(torch.stack([out[-1] for _, out in runs]))
+                picks = pick_drafts(logits, [c.request for c in active], [k - 1] * len(active), self.kept, self.vocab_size)
+                for chain, (start, out), pick in zip(active, runs, picks):
+                    chain.drafted(k, start, out, *pick)
         for chain in chains:
             state: MTPState = chain.request.method_state
             first = state.depths[0].cache.length
@@ -220,11 +240,139 @@ class MTPResources(HiddenStateResources):
         if allowed is not None:
             mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=self.device)
             mask.masked_fill_(~allowed, torch.finfo(embeds.dtype).min)
-        out = layer(embeds, previous, positions, self.rotary(embeds, positions), RaggedBlockCache(batch), mask)
+        out = layer(embeds, previous, positions, self.rotary(embeds, positions), BlockCache(batch.layer(0)), mask)
         for b, (chain, depth, start) in enumerate(zip(chains, depths, starts)):
             if (true := len(chain.request.token_ids) - k - start) > 0:
                 depth.cache.append(*batch.appended(b, true)[0])
         return [(start, out[b, :count]) for b, (start, count) in enumerate(zip(starts, counts))]
+
+
+    def _width(self, k: int) -> int:
+        """The most positions depth ``k`` runs for a request in a steady step (what :meth:`_depth`
+        runs together): the width it runs at in fixed shapes."""
+        return self.config.max_draft_len + k
+
+    def _plan(self, chains: list[_Chain]) -> list[list[int]] | None:
+        """Each chain's inputs of :meth:`_chain_loop` (a row of integers, laid out as it reads
+        them), if this step can draft in fixed shapes: greedy chains, each at most a steady step
+        behind at every depth it drafts. Else ``None``: the eager depths catch up (a request far
+        behind, as after its prompt, alone)."""
+        if not chains or not all(c.request.params.greedy for c in chains):
+            return None
+        if self.static_cache is None and chains[0].request.method_state.depths[0].cache.cached() is None:
+            return None  # the static cache takes its shapes from a depth's cache
+        plan, depth = [], max(c.length for c in chains)
+        for chain in chains:
+            depths, known, row = chain.request.method_state.depths, len(chain.request.token_ids), []
+            for k in range(1, depth + 1):
+                width, start, count = self._width(k), depths[k - 1].cache.length, chain.behind(k)
+                if k > chain.length:  # this chain stops short of depth k: its row there is padding
+                    row += [0] * width * 3 + list(range(start, start + width)) + [0] * (1 + (k > 1) * width)
+                    continue
+                if not 0 < count <= width:
+                    return None
+                ahead = [start + j + k - known for j in range(count)]  # >= 0: reads draft ahead + 1
+                row += [chain.tokens[start + j + k] if a < 0 else 0 for j, a in enumerate(ahead)] + [0] * (width - count)
+                row += [int(a >= 0) for a in ahead] + [0] * (width - count)
+                row += [max(a, 0) for a in ahead] + [0] * (width - count)
+                row += list(range(start, start + width)) + [count - 1]
+                if k > 1:  # where depth k - 1's outputs are: kept from earlier steps, then this step's
+                    before, ran = depths[k - 2], depths[k - 2].cache.length
+                    first = before.start if before.outputs is not None else ran
+                    kept = before.outputs.shape[0] if before.outputs is not None else 0
+                    index = [p - first if p < ran else width + p - ran for p in range(start, start + count)]
+                    if kept > width or any(not (0 <= i < kept or width <= i < width + chain.behind(k - 1)) for i in index):
+                        return None
+                    row += index + [0] * (width - count)
+            plan.append(row)
+        return plan
+
+    def _draft_recorded(self, chains: list[_Chain], plan: list[list[int]]) -> None:
+        """Every depth for the batch in one call of :meth:`_chain_loop`, in fixed shapes (recorded
+        once per shape on CUDA and replayed), its drafts read once; then each depth's true
+        positions go into the requests' caches and each chain takes its drafts and outputs, as
+        the eager depths do."""
+        depth = max(c.length for c in chains)
+        states: list[MTPState] = [c.request.method_state for c in chains]
+        if self.static_cache is None:
+            keys, values = states[0].depths[0].cache.cached()
+            self.static_cache = StaticDraftCache(
+                self.config.max_draft_len, self._static_rows, keys.shape[1], keys.shape[3], self._static_capacity,
+                keys.dtype, self.device, value_shape=(values.shape[1], values.shape[3]),
+            )
+        cache = self.static_cache
+        cache.load([[d.cache for d in state.depths[:depth]] for state in states])
+        starts = [[state.depths[k - 1].cache.length for state in states] for k in range(1, depth + 1)]
+        counts = [[c.behind(k) for c in chains] for k in range(1, depth + 1)]
+        reach = max(start + self._width(k + 1) for k, column in enumerate(starts) for start in column)
+        rows, key_length = cache.shape_for(len(chains), reach)
+        ints = torch.zeros(rows, len(plan[0]), dtype=torch.long)
+        ints[: len(chains)] = torch.tensor(plan)
+        for b in range(len(chains), rows):  # padding rows write positions from 0 on
+            column = 0
+            for k in range(1, depth + 1):
+                width = self._width(k)
+                ints[b, column + 3 * width : column + 4 * width] = torch.arange(width)
+                column += 4 * width + 1 + (k > 1) * width
+        previous = [chains[0].previous.new_zeros(rows, self._width(k), chains[0].previous.shape[-1]) for k in range(1, depth + 1)]
+        for b, (chain, state) in enumerate(zip(chains, states)):
+            first = starts[0][b] - chain.previous_start
+            previous[0][b, : counts[0][b]] = chain.previous[first : first + counts[0][b]]
+            for k in range(2, chain.length + 1):
+                if (kept := state.depths[k - 2].outputs) is not None:
+                    previous[k - 1][b, : kept.shape[0]] = kept
+        def loop(ints: torch.Tensor, *previous: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return self._chain_loop(ints, previous, depth, key_length)
+
+        picks, *outs = self.recorded((rows, depth, key_length), loop, [ints.to(self.device), *previous])
+        picks = picks[: len(chains)].tolist()
+        outs = [out[: len(chains)].clone() for out in outs]  # the next replay rewrites them
+        for k in range(1, depth + 1):
+            keys, values = cache.keys[k - 1], cache.values[k - 1]
+            for b, (chain, state) in enumerate(zip(chains, states)):
+                if chain.length < k:
+                    continue
+                start = starts[k - 1][b]
+                if (true := len(chain.request.token_ids) - k - start) > 0:
+                    state.depths[k - 1].cache.append(keys[b : b + 1, :, start : start + true],
+                                                     values[b : b + 1, :, start : start + true])
+                chain.drafted(k, start, outs[k - 1][b, : counts[k - 1][b]], picks[b][k - 1], None)
+
+    def _chain_loop(self, ints: torch.Tensor, previous: tuple[torch.Tensor, ...], depth: int,
+                    key_length: int) -> tuple[torch.Tensor, ...]:
+        """``[rows, depth]`` greedy drafts and each depth's outputs ``[rows, width, hidden]``, every
+        depth over the static cache, nothing read back to the host. ``ints`` holds each row's plan
+        (:meth:`_plan`): per depth its tokens, which of them are drafts (and which draft), its
+        positions, the slot it drafts from and, past depth 1, where its previous states are among
+        the kept ones (``previous[k - 1]``) and depth ``k - 1``'s outputs; ``previous[0]`` holds
+        the target's states."""
+        hidden = previous[0].shape[-1]
+        keys = torch.arange(key_length, device=self.device)
+        picks: list[torch.Tensor] = []
+        outs: list[torch.Tensor] = []
+        column = 0
+        for k in range(1, depth + 1):
+            width = self._width(k)
+            tokens, from_draft, draft, positions = ints[:, column : column + 4 * width].reshape(-1, 4, width).unbind(1)
+            last = ints[:, column + 4 * width]
+            column += 4 * width + 1
+            states = previous[0]
+            if k > 1:
+                index = ints[:, column : column + width]
+                column += width
+                tokens = torch.where(from_draft.bool(), torch.stack(picks, dim=1).gather(1, draft), tokens)
+                both = torch.cat((previous[k - 1], outs[-1]), dim=1)
+                states = both.gather(1, index[..., None].expand(-1, -1, hidden))
+            layer = self.layer(k)
+            embeds = (layer.embed_tokens or self.target_embed)(tokens)
+            self.static_cache.write_at(positions, key_length)
+            mask = torch.zeros(positions.shape[0], 1, width, key_length, dtype=embeds.dtype, device=self.device)
+            mask.masked_fill_((keys[None, None] > positions[..., None])[:, None], torch.finfo(embeds.dtype).min)
+            out = layer(embeds, states, positions, self.rotary(embeds, positions), BlockCache(self.static_cache.layer(k - 1)), mask)
+            outs.append(out)
+            ids = greedy_tokens(layer.logits(out.gather(1, last[:, None, None].expand(-1, 1, hidden))[:, 0]))
+            picks.append(ids if self.kept is None else self.kept[ids])
+        return (torch.stack(picks, dim=1), *outs)
 
 
 class _Chain:

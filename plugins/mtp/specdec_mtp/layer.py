@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import copy
 import sys
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from specdec import ModelLoadError, RaggedDraftBatch, RequestKV, cache_keyword
+from specdec import ModelLoadError, RequestKV, cache_keyword
 
 
 class LatentCache(RequestKV):
@@ -38,16 +39,17 @@ class LatentCache(RequestKV):
         return self.append(keys, values)
 
 
-class RaggedBlockCache:
-    """Several requests' caches of one MTP block side by side (a :class:`~specdec.RaggedDraftBatch`
-    of one layer), taking transformers' ``Cache.update`` call, so a depth drafts for the batch in one
-    forward; :meth:`~specdec.RaggedDraftBatch.extend` gives the mask that forward attends with."""
+class BlockCache:
+    """Several requests' caches of one MTP block side by side, taking transformers'
+    ``Cache.update`` call, so a depth drafts for the batch in one forward: one layer of a
+    :class:`~specdec.RaggedDraftBatch` (whose :meth:`~specdec.RaggedDraftBatch.extend` gives the
+    mask that forward attends with) or of a :class:`~specdec.StaticDraftCache` (fixed shapes)."""
 
-    def __init__(self, batch: RaggedDraftBatch) -> None:
-        self.batch = batch
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
 
     def update(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.batch.layer(0).append(keys, values)
+        return self.layer.append(keys, values)
 
 
 class RMSNorm(nn.Module):
@@ -140,7 +142,7 @@ class MTPLayer(nn.Module):
         previous: torch.Tensor,
         position_ids: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        cache: LatentCache | RaggedBlockCache | None,
+        cache: LatentCache | BlockCache | None,
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token embeddings ``[B, T, hidden]`` at ``position_ids`` ``[B, T]`` with ``previous``

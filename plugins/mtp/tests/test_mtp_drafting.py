@@ -41,10 +41,17 @@ def reference_drafts(model: torch.nn.Module, layers: list[MTPLayer], token_ids: 
     return tokens[known:]
 
 
-def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("execution", ["eager", "static"])
+def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.MonkeyPatch, execution: str) -> None:
+    """Where the target runs in fixed shapes (``static``, as CUDA graphs do), a steady batch
+    drafts every depth in one call of the recorded loop over the static draft cache (its two
+    requests padded to a batch bucket of two), to the same drafts, and keeps the caches in step."""
     model, layers, tokenizer = saved
     recorded = recorded_proposals(monkeypatch, MTPResources)
-    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer)
+    loops: list[int] = []
+    original_loop = MTPResources._chain_loop
+    monkeypatch.setattr(MTPResources, "_chain_loop", lambda self, ints, *args: loops.append(ints.shape[0]) or original_loop(self, ints, *args))
+    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer, execution=execution)
     prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8]}]
     llm.generate(prompts, SamplingParams(max_tokens=20))
     llm.close()
@@ -54,6 +61,9 @@ def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.Monk
     assert any(len(b) - len(a) >= 2 for a, b in steps), "no step accepted a draft"
     for token_ids, drafts in seen:
         assert drafts == reference_drafts(model, layers, token_ids, len(drafts)), token_ids
+    # Past the prompts' catch-up the steps drafted in fixed shapes, the two requests together
+    # until one of them finished.
+    assert (loops.count(2) >= 2 and len(loops) >= 8) if execution == "static" else not loops, loops
 
 
 def test_a_steady_batch_drafts_each_depth_in_one_forward(saved, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,11 +107,12 @@ def test_taking_in_a_prompt_is_setup_and_a_steady_step_is_not(saved) -> None:
     assert 0 < joined == steady < second
 
 
-@pytest.mark.parametrize("kept", [24, 36])
-def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved, tmp_path, monkeypatch, kept: int) -> None:
+@pytest.mark.parametrize(("kept", "execution"), [(24, "eager"), (36, "eager"), (36, "static")])
+def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved, tmp_path, monkeypatch, kept: int,
+                                                                         execution: str) -> None:
     """With ``draft_vocab_size``, every greedy draft is a kept token and every sampled draft's
     distribution is zero off the kept tokens; keeping every token drafts exactly what the full
-    projection does (the trimmed rows map back to the right ids)."""
+    projection does (the trimmed rows map back to the right ids), in fixed shapes too."""
     from specdec.draft_vocab import kept_tokens, load_ranking
     from specdec.testing.tiny import shuffled_ranking
 
@@ -114,7 +125,8 @@ def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved,
     outputs = {}
     for options in ({}, {"draft_vocab": str(ranking), "draft_vocab_size": kept}):
         recorded.clear()
-        llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3, **options}), tokenizer=tokenizer)
+        llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3, **options}), tokenizer=tokenizer,
+                  execution=execution)
         llm.generate(prompts, SamplingParams(max_tokens=16))
         outputs[bool(options)] = [p.token_ids for _, p in recorded]
         llm.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0))
@@ -125,3 +137,31 @@ def test_draft_vocabulary_drafts_the_full_layers_choice_among_kept_tokens(saved,
     assert all(torch.allclose(p.probs.sum(-1), torch.ones(len(p.probs))) for p in sampled)
     if kept == vocab:
         assert outputs[True] == outputs[False]
+
+
+def test_a_step_in_fixed_shapes_reads_the_device_once(saved, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Drafting in fixed shapes keeps each depth's picks on the device, feeding the next depth,
+    and reads the batch's drafts once (the eager depths read once per depth; on CUDA each read
+    waits for the device, here the same calls are counted)."""
+    model, _, tokenizer = saved
+    steps: list[tuple[bool, int]] = []
+    propose, loop = MTPResources.propose, MTPResources._chain_loop
+    looped = [False]
+    monkeypatch.setattr(MTPResources, "_chain_loop", lambda self, *args: looped.__setitem__(0, True) or loop(self, *args))
+
+    def counted(self, requests):
+        reads, looped[0] = [0], False
+        with monkeypatch.context() as patch:
+            for name in ("tolist", "item", "__bool__", "__int__"):
+                original = getattr(torch.Tensor, name)
+                patch.setattr(torch.Tensor, name, lambda t, *a, _o=original, **k: reads.__setitem__(0, reads[0] + 1) or _o(t, *a, **k))
+            proposals = propose(self, requests)
+        steps.append((looped[0], reads[0]))
+        return proposals
+
+    monkeypatch.setattr(MTPResources, "propose", counted)
+    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer, execution="static")
+    llm.generate([{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8, 9, 10]}], SamplingParams(max_tokens=16))
+    llm.close()
+    assert {reads for recorded, reads in steps if recorded} == {1}, steps
+    assert {reads for recorded, reads in steps if not recorded} == {3}, steps  # the first steps: eager, 3 depths
