@@ -36,6 +36,31 @@ def test_rows_attend_as_their_own_caches_would(device: torch.device) -> None:
         torch.testing.assert_close(batched[row : row + 1], alone)
 
 
+def test_rows_append_several_positions_and_values_of_their_own_shape(device: torch.device) -> None:
+    """Each row writes several new positions where its plan says, keys and values of different
+    shapes (as DeepSeek's latent attention caches them): the buffers then hold each request's own
+    cache followed by its new positions, and nothing else changed."""
+    cache = StaticDraftCache(2, max_rows=2, kv_heads=1, head_dim=6, capacity=16, dtype=torch.float32, device=device,
+                             value_shape=(1, 3))
+    requests = []
+    for length in (4, 7):
+        kv = RequestKV()
+        kv.append(torch.randn(1, 1, length, 6, device=device), torch.randn(1, 1, length, 3, device=device))
+        requests.append(kv)
+    assert cache.load([[kv] for kv in requests]) == [4, 7]  # the first layer only
+    new_keys, new_values = torch.randn(2, 1, 3, 6, device=device), torch.randn(2, 1, 3, 3, device=device)
+    cache.write_at(torch.tensor([[4, 5, 6], [7, 8, 9]], device=device), 12)
+    keys, values = cache.layer(0).append(new_keys, new_values)
+    assert keys.shape == (2, 1, 12, 6) and values.shape == (2, 1, 12, 3)
+    for row, kv in enumerate(requests):
+        own_keys, own_values = kv.append(new_keys[row : row + 1], new_values[row : row + 1])
+        torch.testing.assert_close(keys[row, :, : kv.length], own_keys[0])
+        torch.testing.assert_close(values[row, :, : kv.length], own_values[0])
+    assert not cache.keys[1].any() and not cache.values[1].any()
+    with pytest.raises(ValueError, match="layers"):
+        cache.load([[requests[0]] * 3])
+
+
 def test_shapes_are_bucketed_and_bounded(device: torch.device) -> None:
     """A step's rows pad to a batch bucket and its positions to a key length bucket; past the
     cache's size is an error that says so."""
