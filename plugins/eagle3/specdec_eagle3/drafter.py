@@ -134,7 +134,7 @@ class Eagle3Resources(HiddenStateResources):
             llama = self.head.config.llama
             self.static_cache = StaticDraftCache(
                 self.head.config.num_layers, target.max_batch_size, int(llama.num_key_value_heads or llama.num_attention_heads),
-                self.head.config.head_dim, target.runner.max_length + config.max_draft_len, target.dtype, target.device,
+                self.head.config.head_dim, target.runner.max_length + 2 * config.max_draft_len + 1, target.dtype, target.device,
             )
 
     def features(self, hidden_states: HiddenStates, rows: int | None = None) -> torch.Tensor:
@@ -170,7 +170,17 @@ class Eagle3Resources(HiddenStateResources):
         drafting = [b for b, request in enumerate(requests) if request.max_draft_len > 0]
         if not drafting:
             return proposals
-        hidden = self._catch_up([requests[b] for b in drafting])
+        counts = self._pending_counts([requests[b] for b in drafting])
+        if self._records_the_step([requests[b] for b in drafting], counts):
+            try:
+                drafted = self._recorded_step([requests[b] for b in drafting], counts)
+            except RuntimeError as exc:
+                self._unrecorded(exc)
+            else:
+                for b, proposal in zip(drafting, drafted):
+                    proposals[b] = proposal
+                return proposals
+        hidden = self._catch_up([requests[b] for b in drafting], counts)
         chains = []
         for i, b in enumerate(drafting):
             request = requests[b]
@@ -197,10 +207,7 @@ class Eagle3Resources(HiddenStateResources):
             try:
                 return self._recorded_chains(caches, hidden, lengths)
             except RuntimeError as exc:
-                if self.recorded.mode == "static":
-                    raise
-                log.warning("EAGLE-3: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
-                self.recorded = self.static_cache = None
+                self._unrecorded(exc)
         batch = RaggedDraftBatch([self._layer_caches(c) for c in caches], depth - 1, self.device)
         positions = torch.tensor([[c.length] for c in caches], device=self.device)
         # A batch of greedy requests keeps its picks on the device, each feeding the next depth,
@@ -227,6 +234,65 @@ class Eagle3Resources(HiddenStateResources):
         if greedy:
             tokens = [row[:n] for row, n in zip(torch.stack(picked, dim=1).tolist(), lengths)]
         return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
+
+    def _unrecorded(self, exc: RuntimeError) -> None:
+        """Draft eagerly from now on, recording having failed on CUDA (in ``static`` mode nothing
+        is recorded, so a failure there is raised)."""
+        if self.recorded.mode == "static":
+            raise exc
+        log.warning("EAGLE-3: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
+        self.recorded = self.static_cache = None
+
+    def _records_the_step(self, requests: list[Request], counts: list[int]) -> bool:
+        """Whether the step's catch-up and chains run as one recorded call: greedy chains, every
+        request one to ``max_draft_len + 1`` pairs behind (what a steady step leaves)."""
+        return (self.recorded is not None and not self.config.is_tree and all(r.params.greedy for r in requests)
+                and all(0 < count <= self.config.max_draft_len + 1 for count in counts))
+
+    def _recorded_step(self, requests: list[Request], counts: list[int]) -> list[DraftProposal]:
+        """The batch's catch-up on its pending pairs and its greedy chains in one call of
+        :meth:`_step_loop`, in the static cache's fixed shapes (recorded once per shape on CUDA
+        and replayed); then the caught-up pairs go into each request's cache. The same drafts
+        and head state as the eager catch-up and chains."""
+        states: list[HeadState] = [r.method_state for r in requests]
+        lengths = [min(self.config.max_draft_len, r.max_draft_len) for r in requests]
+        depth, width = max(lengths), self.config.max_draft_len + 1
+        cached = self.static_cache.load([self._layer_caches(state.cache) for state in states])
+        rows, key_length = self.static_cache.shape_for(len(requests), max(cached) + width + depth)
+        features = torch.zeros(rows, width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
+        token_ids = torch.zeros(rows, width, dtype=torch.long)
+        starts = torch.zeros(rows, 2, dtype=torch.long)
+        starts[:, 1] = 1
+        for b, (request, state, count) in enumerate(zip(requests, states, counts)):
+            features[b, :count] = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
+            token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
+            starts[b] = torch.tensor([state.cached, count])
+
+        def loop(features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._step_loop(features, token_ids, starts, depth, key_length)
+
+        picks, last = self.recorded(("step", rows, depth, key_length), loop,
+                                    [features, token_ids.to(self.device), starts.to(self.device)])
+        picks = picks[: len(requests)].tolist()
+        for b, (state, count) in enumerate(zip(states, counts)):
+            for layer, keys, values in zip(self._layer_caches(state.cache), self.static_cache.keys, self.static_cache.values):
+                layer.append(keys[b : b + 1, :, state.cached : state.cached + count], values[b : b + 1, :, state.cached : state.cached + count])
+            state.pending, state.cached, state.last = [], state.cached + count, last[b : b + 1].clone()
+        return [DraftProposal(row[:n]) for row, n in zip(picks, lengths)]
+
+    def _step_loop(self, features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor, depth: int,
+                   key_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The catch-up over each row's pending pairs (``features``, ``token_ids``: ``[rows, width]``,
+        the first ``starts[b, 1]`` of row ``b`` real, its cache holding ``starts[b, 0]`` positions),
+        then :meth:`_chain_loop` from the last of them. Returns the ``[rows, depth]`` drafts and the
+        head's outputs at the last pairs (``[rows, 1, hidden]``); nothing leaves the device."""
+        cached, counts = starts[:, :1], starts[:, 1:]
+        positions = cached + torch.arange(token_ids.shape[1], device=self.device)[None]
+        self.static_cache.write_at(positions, key_length)
+        mask = (torch.arange(key_length, device=self.device)[None, None] <= positions[..., None])[:, None]
+        out = self.head(self.embed(token_ids), self.head.fuse(features), positions, self.static_cache, mask)
+        last = out.gather(1, (counts - 1)[..., None].expand(-1, 1, out.shape[-1]))
+        return self._chain_loop(last, cached + counts, depth, key_length), last
 
     def _recorded_chains(self, caches: list[HeadCache], hidden: torch.Tensor, lengths: list[int]) -> list[DraftProposal]:
         """Greedy chains drafted by the loop of :meth:`_chain_loop`, in the static cache's fixed
@@ -289,18 +355,12 @@ class Eagle3Resources(HiddenStateResources):
         """Draft-vocabulary log-probabilities for head output states ``[N, hidden]`` (float32)."""
         return F.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
-    def _catch_up(self, requests: list[Request]) -> torch.Tensor:
-        """Run each request's pending true pairs through the head; returns its outputs at the last
-        true pairs, ``[requests, 1, hidden]``. A request's state changes only once the head's
-        forward over its pairs succeeded.
-
-        Requests a step or two behind (a steady drafting step leaves at most ``max_draft_len + 1``
-        pairs) catch up in one forward; one further behind (just added, or drafting was paused
-        for it) catches up alone, timed as setup (:func:`specdec.catch_up`).
-        """
-        states: list[HeadState] = [r.method_state for r in requests]
+    def _pending_counts(self, requests: list[Request]) -> list[int]:
+        """Each request's pending pairs, its cache cropped to its true pairs (a step that raised
+        part-way may have left more)."""
         counts = []
-        for request, state in zip(requests, states):
+        for request in requests:
+            state: HeadState = request.method_state
             start, count = state.cached, state.pairs - state.cached
             if start + count != len(request.token_ids) - 1:
                 raise RuntimeError(
@@ -308,6 +368,18 @@ class Eagle3Resources(HiddenStateResources):
                 )
             state.cache.crop(start)
             counts.append(count)
+        return counts
+
+    def _catch_up(self, requests: list[Request], counts: list[int]) -> torch.Tensor:
+        """Run each request's ``counts`` pending true pairs through the head; returns its outputs at
+        the last true pairs, ``[requests, 1, hidden]``. A request's state changes only once the
+        head's forward over its pairs succeeded.
+
+        Requests a step or two behind (a steady drafting step leaves at most ``max_draft_len + 1``
+        pairs) catch up in one forward; one further behind (just added, or drafting was paused
+        for it) catches up alone, timed as setup (:func:`specdec.catch_up`).
+        """
+        states: list[HeadState] = [r.method_state for r in requests]
         catch_up(counts, self.config.max_draft_len + 1,
                  lambda rows: self._forward_pending([requests[b] for b in rows], [counts[b] for b in rows]),
                  self.setup_clock)

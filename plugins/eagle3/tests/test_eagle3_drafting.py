@@ -83,13 +83,14 @@ def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, dee
     true target features: the catch-up, the chained steps and the rollback keep the head in step,
     with one decoder layer or two, for a request alone and for requests of different lengths
     drafted together (padded into one batch, catching up on different numbers of pairs). Where the
-    target runs in fixed shapes (``static``, as CUDA graphs do), the chains are drafted by the
-    recorded loop over the static draft cache, to the same drafts."""
+    target runs in fixed shapes (``static``, as CUDA graphs do), the catch-up and the chains run
+    in the recorded loop over the static draft cache, to the same drafts."""
     fitted_dir = fitted_dir if num_layers == 1 else deep_fitted_dir
     records = _recording(monkeypatch)
-    loops = []
-    original_loop = Eagle3Resources._chain_loop
+    loops, steps = [], []
+    original_loop, original_step = Eagle3Resources._chain_loop, Eagle3Resources._step_loop
     monkeypatch.setattr(Eagle3Resources, "_chain_loop", lambda self, *args: loops.append(args[0].shape[0]) or original_loop(self, *args))
+    monkeypatch.setattr(Eagle3Resources, "_step_loop", lambda self, *args: steps.append(args[0].shape[0]) or original_step(self, *args))
     llm = LLM(target.model, {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3,
                              "adaptive_draft_len": False}, tokenizer=target.tokenizer, execution=execution)
     plain = LLM(target.model, None, tokenizer=target.tokenizer)
@@ -107,8 +108,10 @@ def test_cached_drafting_equals_recomputing_from_scratch(target, fitted_dir, dee
     for tokens, drafts, probs in records:
         assert probs is None
         assert drafts == _drafts_from_scratch(manager, target.model, tokens, len(drafts))
-    # Fixed shapes: the recorded loop drafted the chains (the batch's three requests padded to four).
-    assert (4 in loops) if execution == "static" else not loops
+    # Fixed shapes: the recorded loop drafted the chains (the batch's three requests padded to four
+    # after the prompts' catch-up), and steady steps of several requests ran their catch-up on the
+    # pairs the last step accepted in the same recorded call.
+    assert (4 in loops and max(steps) > 1) if execution == "static" else not loops and not steps, (loops, steps)
     llm.close()
     assert not llm.engine.runner.hidden_layers
 
