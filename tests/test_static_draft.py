@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec import RecordedCalls, RequestKV, StaticDraftCache, grouped_query_attention
+from specdec import RecordedCalls, RequestKV, SetupClock, StaticDraftCache, grouped_query_attention
 
 
 def _request_kv(length: int, seed: int, device: torch.device) -> RequestKV:
@@ -73,9 +73,12 @@ def test_shapes_are_bucketed_and_bounded(device: torch.device) -> None:
 
 def test_recorded_calls_replay_with_new_inputs(device: torch.device) -> None:
     """A call keyed once is recorded (CUDA graphs) and later calls with other inputs replay it to
-    their own results; in ``static`` mode each call simply runs."""
+    their own results; in ``static`` mode each call simply runs. Only the recording is setup time
+    (the policy must not take it for the cost of drafting)."""
     mode = "cuda_graph" if device.type == "cuda" else "static"
-    calls = RecordedCalls(mode, device)
+    clock = SetupClock()
+    calls = RecordedCalls(mode, device, clock)
+    setup = []
     runs = []
 
     def fn(x: torch.Tensor) -> torch.Tensor:
@@ -85,6 +88,8 @@ def test_recorded_calls_replay_with_new_inputs(device: torch.device) -> None:
     for value in (1.0, 3.0, 5.0, 7.0):
         out = calls("shape", fn, [torch.full((4,), value, device=device)])
         torch.testing.assert_close(out, torch.arange(1, 5, device=device, dtype=torch.float32) * 2 * value)
+        setup.append(clock.seconds)
+    assert (setup[0] > 0) == (mode == "cuda_graph") and setup == [setup[0]] * 4
     # Recording runs the function three times (two warm-ups, the capture), replaying none.
     assert len(runs) == (3 if mode == "cuda_graph" else 4)
     with pytest.raises(ValueError, match="mode"):

@@ -22,6 +22,7 @@ import torch
 
 from specdec.cuda_graphs import record_graph
 from specdec.kv_cache import RequestKV
+from specdec.setup_time import SetupClock
 from specdec.static_forward import batch_buckets, bucket_for, key_length_buckets
 
 if TYPE_CHECKING:
@@ -37,25 +38,30 @@ class RecordedCalls:
     The function must read nothing back to the host and keep its shapes for a key; what it
     writes to buffers outside its inputs (a :class:`StaticDraftCache`) is written again by each
     replay.
+
+    ``clock``: recording a key (tens of milliseconds, once) is timed on it as setup, so the
+    adaptive policy does not take it for the cost of drafting (a drafter's
+    :attr:`~specdec.resources.ResourceManager.setup_clock`).
     """
 
-    def __init__(self, mode: str, device: torch.device) -> None:
+    def __init__(self, mode: str, device: torch.device, clock: SetupClock | None = None) -> None:
         if mode not in ("static", "cuda_graph"):
             raise ValueError(f"mode: static or cuda_graph, not {mode!r}")
         self.mode = mode
         self.device = device
+        self.clock = clock or SetupClock()
         self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, object]] = {}
         self._pool = None
 
     @classmethod
-    def like_target(cls, target: TargetContext) -> RecordedCalls | None:
+    def like_target(cls, target: TargetContext, clock: SetupClock | None = None) -> RecordedCalls | None:
         """Calls that run as the target's forwards do: ``None`` where those are eager, recorded
         where they are captured on CUDA (``cuda_graph``, ``compile``), ``static`` elsewhere."""
         execution = target.runner.execution
         if execution == "eager":
             return None
         records = execution in ("cuda_graph", "compile") and target.device.type == "cuda"
-        return cls("cuda_graph" if records else "static", target.device)
+        return cls("cuda_graph" if records else "static", target.device, clock)
 
     @property
     def shapes(self) -> list[object]:
@@ -70,7 +76,8 @@ class RecordedCalls:
             return fn(*inputs)
         if key not in self._recorded:
             static = [tensor.clone() for tensor in inputs]
-            graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
+            with self.clock.timing():
+                graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
             self._pool = graph.pool()
             self._recorded[key] = (static, graph, output)
         static, graph, output = self._recorded[key]

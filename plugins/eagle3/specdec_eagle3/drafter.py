@@ -129,7 +129,7 @@ class Eagle3Resources(HiddenStateResources):
         # Where the target's forwards run in fixed shapes, greedy chains do too, recorded once per
         # shape and replayed where the target's forwards are (CUDA graphs; specdec.static_draft).
         self.static_cache: StaticDraftCache | None = None
-        self.recorded = RecordedCalls.like_target(target)
+        self.recorded = RecordedCalls.like_target(target, self.setup_clock)
         if self.recorded is not None:
             llama = self.head.config.llama
             self.static_cache = StaticDraftCache(

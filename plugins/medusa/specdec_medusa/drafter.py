@@ -75,7 +75,7 @@ class MedusaResources(LastStateResources):
         self.vocab_size = target.vocab_size
         # Where the target's forwards are captured, the heads' top tokens are too: one recorded
         # call for the batch, padded to the engine's largest (specdec.static_draft).
-        self.recorded = RecordedCalls.like_target(target)
+        self.recorded = RecordedCalls.like_target(target, self.setup_clock)
         self.max_rows = target.max_batch_size
         if not config.lossless:
             logger.warning(

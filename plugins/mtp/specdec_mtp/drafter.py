@@ -144,7 +144,7 @@ class MTPResources(HiddenStateResources):
         # Where the target's forwards run in fixed shapes, a batch of greedy chains drafts every
         # depth in fixed shapes too, recorded once per shape and replayed where the target's forwards
         # are (CUDA graphs; specdec.static_draft), into a cache shaped at first use like the depths'.
-        self.recorded = RecordedCalls.like_target(target)
+        self.recorded = RecordedCalls.like_target(target, self.setup_clock)
         self.static_cache: StaticDraftCache | None = None
         self._static_rows, self._static_capacity = target.max_batch_size, target.runner.max_length + 2 * config.max_draft_len
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
