@@ -146,7 +146,7 @@ class MTPResources(HiddenStateResources):
         # are (CUDA graphs; specdec.static_draft), into a cache shaped at first use like the depths'.
         self.recorded = RecordedCalls.like_target(target, self.setup_clock)
         self.static_cache: StaticDraftCache | None = None
-        self._static_rows, self._static_capacity = target.max_batch_size, target.runner.max_length + 2 * config.max_draft_len
+        self._static_rows, self._static_capacity = target.max_batch_size, target.runner.max_length + 3 * config.max_draft_len
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
         self.thinking: tuple[int, int] | None = None
         if not config.lossless:
@@ -184,24 +184,23 @@ class MTPResources(HiddenStateResources):
         proposals = [DraftProposal() for _ in requests]
         chains = [_Chain(b, r, min(self.config.max_draft_len, r.max_draft_len)) for b, r in enumerate(requests)]
         chains = [c for c in chains if c.length > 0]
-        plan = self._plan(chains) if self.recorded is not None else None
-        if plan is not None:
+        eager = chains
+        if self.recorded is not None and (plan := self._plan(chains)):
             try:
-                self._draft_recorded(chains, plan)
+                self._draft_recorded(list(plan), list(plan.values()))
+                eager = [c for c in chains if c not in plan]
             except RuntimeError as exc:
                 if self.recorded.mode == "static":
                     raise
                 logger.warning("MTP: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
                 self.recorded = self.static_cache = None
-                plan = None
-        if plan is None:
-            for k in range(1, max((c.length for c in chains), default=0) + 1):
-                active = [c for c in chains if c.length >= k]
-                runs = self._depth(k, active)
-                logits = self.layer(k).logits(torch.stack([out[-1] for _, out in runs]))
-                picks = pick_drafts(logits, [c.request for c in active], [k - 1] * len(active), self.kept, self.vocab_size)
-                for chain, (start, out), pick in zip(active, runs, picks):
-                    chain.drafted(k, start, out, *pick)
+        for k in range(1, max((c.length for c in eager), default=0) + 1):
+            active = [c for c in eager if c.length >= k]
+            runs = self._depth(k, active)
+            logits = self.layer(k).logits(torch.stack([out[-1] for _, out in runs]))
+            picks = pick_drafts(logits, [c.request for c in active], [k - 1] * len(active), self.kept, self.vocab_size)
+            for chain, (start, out), pick in zip(active, runs, picks):
+                chain.drafted(k, start, out, *pick)
         for chain in chains:
             state: MTPState = chain.request.method_state
             first = state.depths[0].cache.length
@@ -248,44 +247,50 @@ class MTPResources(HiddenStateResources):
 
 
     def _width(self, k: int) -> int:
-        """The most positions depth ``k`` runs for a request in a steady step (what :meth:`_depth`
-        runs together): the width it runs at in fixed shapes."""
-        return self.config.max_draft_len + k
+        """The positions depth ``k`` runs in fixed shapes: room for a steady step's (at most
+        ``max_draft_len + k``, what :meth:`_depth` runs together) and for as many again, which a
+        depth the policy's shorter chains skipped for a step or two needs."""
+        return 2 * self.config.max_draft_len + k
 
-    def _plan(self, chains: list[_Chain]) -> list[list[int]] | None:
-        """Each chain's inputs of :meth:`_chain_loop` (a row of integers, laid out as it reads
-        them), if this step can draft in fixed shapes: greedy chains, each at most a steady step
-        behind at every depth it drafts. Else ``None``: the eager depths catch up (a request far
-        behind, as after its prompt, alone)."""
-        if not chains or not all(c.request.params.greedy for c in chains):
-            return None
-        if self.static_cache is None and chains[0].request.method_state.depths[0].cache.cached() is None:
-            return None  # the static cache takes its shapes from a depth's cache
-        plan, depth = [], max(c.length for c in chains)
-        for chain in chains:
-            depths, known, row = chain.request.method_state.depths, len(chain.request.token_ids), []
-            for k in range(1, depth + 1):
-                width, start, count = self._width(k), depths[k - 1].cache.length, chain.behind(k)
-                if k > chain.length:  # this chain stops short of depth k: its row there is padding
-                    row += [0] * width * 3 + list(range(start, start + width)) + [0] * (1 + (k > 1) * width)
-                    continue
-                if not 0 < count <= width:
-                    return None
-                ahead = [start + j + k - known for j in range(count)]  # >= 0: reads draft ahead + 1
-                row += [chain.tokens[start + j + k] if a < 0 else 0 for j, a in enumerate(ahead)] + [0] * (width - count)
-                row += [int(a >= 0) for a in ahead] + [0] * (width - count)
-                row += [max(a, 0) for a in ahead] + [0] * (width - count)
-                row += list(range(start, start + width)) + [count - 1]
-                if k > 1:  # where depth k - 1's outputs are: kept from earlier steps, then this step's
-                    before, ran = depths[k - 2], depths[k - 2].cache.length
-                    first = before.start if before.outputs is not None else ran
-                    kept = before.outputs.shape[0] if before.outputs is not None else 0
-                    index = [p - first if p < ran else width + p - ran for p in range(start, start + count)]
-                    if kept > width or any(not (0 <= i < kept or width <= i < width + chain.behind(k - 1)) for i in index):
-                        return None
-                    row += index + [0] * (width - count)
-            plan.append(row)
+    def _plan(self, chains: list[_Chain]) -> dict[_Chain, list[int]]:
+        """The chains that draft in fixed shapes this step, each with its inputs of
+        :meth:`_chain_loop` (a row of integers, laid out as it reads them): the greedy ones at most
+        :meth:`_width` positions behind at every depth they draft. The others (a request far
+        behind, as after its prompt) take the eager depths, which catch it up alone."""
+        if self.static_cache is None and chains and chains[0].request.method_state.depths[0].cache.cached() is None:
+            return {}  # the static cache takes its shapes from a depth's cache
+        greedy = [c for c in chains if c.request.params.greedy]
+        plan = {c: row for c in greedy if (row := self._row(c, max(c.length for c in greedy))) is not None}
+        depth = max((c.length for c in plan), default=0)
+        if depth < max((c.length for c in greedy), default=0):  # the rows' padding follows the deepest chain
+            plan = {c: self._row(c, depth) for c in plan}
         return plan
+
+    def _row(self, chain: _Chain, depth: int) -> list[int] | None:
+        """``chain``'s inputs of :meth:`_chain_loop` for ``depth`` depths, or ``None`` if a depth
+        it drafts is too far behind for the fixed widths."""
+        depths, known, row = chain.request.method_state.depths, len(chain.request.token_ids), []
+        for k in range(1, depth + 1):
+            width, start, count = self._width(k), depths[k - 1].cache.length, chain.behind(k)
+            if k > chain.length:  # this chain stops short of depth k: its row there is padding
+                row += [0] * width * 3 + list(range(start, start + width)) + [0] * (1 + (k > 1) * width)
+                continue
+            if not 0 < count <= width:
+                return None
+            ahead = [start + j + k - known for j in range(count)]  # >= 0: reads draft ahead + 1
+            row += [chain.tokens[start + j + k] if a < 0 else 0 for j, a in enumerate(ahead)] + [0] * (width - count)
+            row += [int(a >= 0) for a in ahead] + [0] * (width - count)
+            row += [max(a, 0) for a in ahead] + [0] * (width - count)
+            row += list(range(start, start + width)) + [count - 1]
+            if k > 1:  # where depth k - 1's outputs are: kept from earlier steps, then this step's
+                before, ran = depths[k - 2], depths[k - 2].cache.length
+                first = before.start if before.outputs is not None else ran
+                kept = before.outputs.shape[0] if before.outputs is not None else 0
+                index = [p - first if p < ran else width + p - ran for p in range(start, start + count)]
+                if kept > width or any(not (0 <= i < kept or width <= i < width + chain.behind(k - 1)) for i in index):
+                    return None
+                row += index + [0] * (width - count)
+        return row
 
     def _draft_recorded(self, chains: list[_Chain], plan: list[list[int]]) -> None:
         """Every depth for the batch in one call of :meth:`_chain_loop`, in fixed shapes (recorded

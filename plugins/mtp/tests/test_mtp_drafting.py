@@ -9,6 +9,8 @@ in one forward per depth.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from mtp_tiny import load_target, run_layer, saved_target
@@ -65,6 +67,33 @@ def test_cached_drafts_equal_drafts_from_scratch(saved, monkeypatch: pytest.Monk
     # Past the prompts' catch-up the steps drafted in fixed shapes, the two requests together
     # until one of them finished.
     assert (loops.count(2) >= 2 and len(loops) >= 8) if execution == "static" else not loops, loops
+
+
+def test_chains_of_changing_lengths_in_fixed_shapes_equal_drafts_from_scratch(saved, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chains whose lengths change from step to step, as the adaptive policy's do, leave their
+    deeper depths behind: in fixed shapes a row stopping short of a depth is padding there, and a
+    step where a depth lags too far drafts eagerly. Every draft still equals the one computed
+    from scratch, and steps of several requests ran in fixed shapes."""
+    model, layers, tokenizer = saved
+    recorded = recorded_proposals(monkeypatch, MTPResources)
+    propose, loop = MTPResources.propose, MTPResources._chain_loop
+    budgets, loops = itertools.cycle([3, 1, 2, 3, 3, 2]), []
+
+    def changing(self, requests):
+        for request in requests:
+            request.max_draft_len = min(request.max_draft_len, next(budgets))
+        return propose(self, requests)
+
+    monkeypatch.setattr(MTPResources, "propose", changing)
+    monkeypatch.setattr(MTPResources, "_chain_loop", lambda self, ints, *args: loops.append(ints.shape[0]) or loop(self, ints, *args))
+    llm = LLM(model, fixed_draft_len({"decoding_type": "MTP", "max_draft_len": 3}), tokenizer=tokenizer, execution="static")
+    prompts = [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8, 9, 10]}, {"prompt_token_ids": [3, 4]}]
+    llm.generate(prompts, SamplingParams(max_tokens=40))
+    llm.close()
+    assert {len(p) for _, p in recorded} >= {1, 2, 3}
+    for token_ids, proposal in recorded:
+        assert list(proposal.token_ids) == reference_drafts(model, layers, token_ids, len(proposal)), token_ids
+    assert max(loops) > 1, loops
 
 
 def test_a_steady_batch_drafts_each_depth_in_one_forward(saved, monkeypatch: pytest.MonkeyPatch) -> None:
