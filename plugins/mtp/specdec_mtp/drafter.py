@@ -145,6 +145,13 @@ class MTPResources(HiddenStateResources):
         # depth in fixed shapes too, recorded once per shape and replayed where the target's forwards
         # are (CUDA graphs; specdec.static_draft), into a cache shaped at first use like the depths'.
         self.recorded = RecordedCalls.like_target(target, self.setup_clock)
+        if self.recorded is not None and self.recorded.mode == "cuda_graph" and any(
+            hasattr(layer.block.mlp, "experts") for layer in self.layers
+        ):
+            # A mixture-of-experts block (DeepSeek-V3's) routes tokens in shapes that depend on the
+            # data, which a CUDA graph cannot record.
+            logger.info("MTP: the layers' mixture-of-experts blocks cannot be recorded as CUDA graphs; drafting eagerly")
+            self.recorded = None
         self.static_cache: StaticDraftCache | None = None
         self._static_rows, self._static_capacity = target.max_batch_size, target.runner.max_length + 3 * config.max_draft_len
         #: The thinking span's begin and end token ids, when relaxed acceptance is on.
