@@ -94,3 +94,23 @@ def test_recorded_calls_replay_with_new_inputs(device: torch.device) -> None:
     assert len(runs) == (3 if mode == "cuda_graph" else 4)
     with pytest.raises(ValueError, match="mode"):
         RecordedCalls("eager", device)
+
+
+def test_a_call_that_cannot_be_recorded_runs_unrecorded(device: torch.device, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """If recording fails (something a CUDA graph cannot hold), the call still returns its result,
+    and every later call runs unrecorded, with one warning: slower, never wrong."""
+    import specdec.static_draft as static_draft
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(static_draft, "record_graph", failing)
+    calls = RecordedCalls("cuda_graph", device)
+    with caplog.at_level("WARNING", logger="specdec.static_draft"):
+        for value in (1.0, 2.0):
+            out = calls("shape", lambda x: x * 3, [torch.full((2,), value, device=device)])
+            torch.testing.assert_close(out, torch.full((2,), 3 * value, device=device))
+    assert calls.mode == "static" and not calls.shapes
+    assert len([r for r in caplog.records if "unrecorded" in r.getMessage()]) == 1
+

@@ -15,6 +15,7 @@ one launch for the whole chain.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from specdec.resources import TargetContext
 
 T = TypeVar("T")
+logger = logging.getLogger("specdec.static_draft")
 
 
 class RecordedCalls:
@@ -42,6 +44,9 @@ class RecordedCalls:
     ``clock``: recording a key (tens of milliseconds, once) is timed on it as setup, so the
     adaptive policy does not take it for the cost of drafting (a drafter's
     :attr:`~specdec.resources.ResourceManager.setup_clock`).
+
+    If recording fails (the function does something a CUDA graph cannot hold), the calls run
+    unrecorded from then on (``static``), with a warning: slower, never wrong.
     """
 
     def __init__(self, mode: str, device: torch.device, clock: SetupClock | None = None) -> None:
@@ -76,8 +81,13 @@ class RecordedCalls:
             return fn(*inputs)
         if key not in self._recorded:
             static = [tensor.clone() for tensor in inputs]
-            with self.clock.timing():
-                graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
+            try:
+                with self.clock.timing():
+                    graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
+            except RuntimeError as exc:
+                logger.warning("recording a drafting step as a CUDA graph failed (%s); running it unrecorded from now on", exc)
+                self.mode = "static"
+                return fn(*inputs)
             self._pool = graph.pool()
             self._recorded[key] = (static, graph, output)
         static, graph, output = self._recorded[key]

@@ -27,7 +27,6 @@ chains only.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,8 +60,6 @@ from specdec_eagle3.compat import resolve_layers
 from specdec_eagle3.config import Eagle3DecodingConfig
 from specdec_eagle3.head import HeadCache
 from specdec_eagle3.tree import frontier_mask
-
-log = logging.getLogger("specdec.eagle3")
 
 #: The head trained for the default target by ``specdec train eagle3`` (see docs/eagle3.md).
 SHIPPED_HEAD = Path(__file__).resolve().parent / "weights" / "smollm2-eagle3"
@@ -172,14 +169,9 @@ class Eagle3Resources(HiddenStateResources):
             return proposals
         counts = self._pending_counts([requests[b] for b in drafting])
         if self._records_the_step([requests[b] for b in drafting], counts):
-            try:
-                drafted = self._recorded_step([requests[b] for b in drafting], counts)
-            except RuntimeError as exc:
-                self._unrecorded(exc)
-            else:
-                for b, proposal in zip(drafting, drafted):
-                    proposals[b] = proposal
-                return proposals
+            for b, proposal in zip(drafting, self._recorded_step([requests[b] for b in drafting], counts)):
+                proposals[b] = proposal
+            return proposals
         hidden = self._catch_up([requests[b] for b in drafting], counts)
         chains = []
         for i, b in enumerate(drafting):
@@ -204,10 +196,7 @@ class Eagle3Resources(HiddenStateResources):
         caches = [r.method_state.cache for r in requests]
         greedy = all(r.params.greedy for r in requests)
         if greedy and self.recorded is not None:
-            try:
-                return self._recorded_chains(caches, hidden, lengths)
-            except RuntimeError as exc:
-                self._unrecorded(exc)
+            return self._recorded_chains(caches, hidden, lengths)
         batch = RaggedDraftBatch([self._layer_caches(c) for c in caches], depth - 1, self.device)
         positions = torch.tensor([[c.length] for c in caches], device=self.device)
         # A batch of greedy requests keeps its picks on the device, each feeding the next depth,
@@ -234,14 +223,6 @@ class Eagle3Resources(HiddenStateResources):
         if greedy:
             tokens = [row[:n] for row, n in zip(torch.stack(picked, dim=1).tolist(), lengths)]
         return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
-
-    def _unrecorded(self, exc: RuntimeError) -> None:
-        """Draft eagerly from now on, recording having failed on CUDA (in ``static`` mode nothing
-        is recorded, so a failure there is raised)."""
-        if self.recorded.mode == "static":
-            raise exc
-        log.warning("EAGLE-3: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
-        self.recorded = self.static_cache = None
 
     def _records_the_step(self, requests: list[Request], counts: list[int]) -> bool:
         """Whether the step's catch-up and chains run as one recorded call: greedy chains, every

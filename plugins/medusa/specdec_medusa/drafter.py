@@ -101,14 +101,8 @@ class MedusaResources(LastStateResources):
         if all(trees) and self.recorded is not None:
             padded = hidden.new_zeros(self.max_rows, hidden.shape[-1])
             padded[: len(drafting)] = hidden
-            try:
-                top = self.recorded("top", lambda h: self._top(self.heads(h)[: self.depth]), [padded])[:, : len(drafting)]
-            except RuntimeError as exc:
-                if self.recorded.mode == "static":
-                    raise
-                logger.warning("Medusa: recording the heads as a CUDA graph failed (%s); drafting eagerly", exc)
-                self.recorded = None
-        if top is None:
+            top = self.recorded("top", lambda h: self._top(self.heads(h)[: self.depth]), [padded])[:, : len(drafting)]
+        else:
             logits = self.heads(hidden)[: self.depth]  # [depth, B, head_vocab]
             top = self._top(logits) if any(trees) else None
         # Every tree of the batch from one transfer: per depth, per row, the best tokens.

@@ -193,14 +193,8 @@ class MTPResources(HiddenStateResources):
         chains = [c for c in chains if c.length > 0]
         eager = chains
         if self.recorded is not None and (plan := self._plan(chains)):
-            try:
-                self._draft_recorded(list(plan), list(plan.values()))
-                eager = [c for c in chains if c not in plan]
-            except RuntimeError as exc:
-                if self.recorded.mode == "static":
-                    raise
-                logger.warning("MTP: recording the drafting loop as a CUDA graph failed (%s); drafting eagerly", exc)
-                self.recorded = self.static_cache = None
+            self._draft_recorded(list(plan), list(plan.values()))
+            eager = [c for c in chains if c not in plan]
         for k in range(1, max((c.length for c in eager), default=0) + 1):
             active = [c for c in eager if c.length >= k]
             runs = self._depth(k, active)
