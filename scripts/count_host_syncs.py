@@ -5,7 +5,8 @@ wait for the GPU. PyTorch's sync debug mode warns at each one; this script decod
 per method with it on and prints the syncs per decoding step and where they come from (file and
 line, most frequent first).
 
-Usage: python scripts/count_host_syncs.py MODEL [--methods none,ngram,eagle3] [--max-tokens 32]
+Usage: python scripts/count_host_syncs.py MODEL [--methods none,ngram,eagle3,mtp,medusa] [--max-tokens 32]
+(a method whose shipped weights are not in the tree is left out).
 Without CUDA it says so and exits 0 (a dry run of the GPU check on a CPU).
 """
 
@@ -16,17 +17,20 @@ import collections
 import json
 import traceback
 import warnings
+from pathlib import Path
 
 import torch
 
 from specdec import LLM, SamplingParams
 
-#: The EAGLE-3 head shipped for SmolLM2-135M (MODEL must have its shape).
-EAGLE3_HEAD = "plugins/eagle3/specdec_eagle3/weights/smollm2-eagle3"
+#: The drafters shipped for SmolLM2-135M (MODEL must have its shape).
+WEIGHTS = "plugins/{method}/specdec_{method}/weights/smollm2-{method}"
 CONFIGS = {
     "none": None,
     "ngram": {"decoding_type": "NGram", "max_draft_len": 4},
-    "eagle3": {"decoding_type": "Eagle", "max_draft_len": 4, "speculative_model": EAGLE3_HEAD},
+    "eagle3": {"decoding_type": "Eagle", "max_draft_len": 4, "speculative_model": WEIGHTS.format(method="eagle3")},
+    "mtp": {"decoding_type": "MTP", "max_draft_len": 3, "speculative_model": WEIGHTS.format(method="mtp")},
+    "medusa": {"method": "medusa", "speculative_model": WEIGHTS.format(method="medusa")},
 }
 PROMPTS = ["Summarize: the quick brown fox jumps over the lazy dog. The dog sleeps.", "Write a haiku about GPUs."]
 
@@ -62,7 +66,7 @@ def count(llm: LLM, params: SamplingParams) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--methods", default="none,ngram,eagle3")
+    parser.add_argument("--methods", default="none,ngram,eagle3,mtp,medusa")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -71,6 +75,10 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     results = {}
     for method in args.methods.split(","):
+        weights = (CONFIGS[method] or {}).get("speculative_model")
+        if weights is not None and not Path(weights).is_dir():
+            print(method, "skipped: no", weights)
+            continue
         with LLM(args.model, CONFIGS[method], dtype="bfloat16") as llm:
             results[method] = {"execution": llm.runner.execution, **count(llm, params)}
         print(method, json.dumps(results[method], indent=1))
