@@ -240,14 +240,8 @@ class Eagle3Resources(HiddenStateResources):
         depth, width = max(lengths), self.config.max_draft_len + 1
         cached = self.static_cache.load([self._layer_caches(state.cache) for state in states])
         rows, key_length = self.static_cache.shape_for(len(requests), max(cached) + width + depth)
-        features = torch.zeros(rows, width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
-        token_ids = torch.zeros(rows, width, dtype=torch.long)
-        starts = torch.zeros(rows, 2, dtype=torch.long)
-        starts[:, 1] = 1
-        for b, (request, state, count) in enumerate(zip(requests, states, counts)):
-            features[b, :count] = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
-            token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
-            starts[b] = torch.tensor([state.cached, count])
+        features, token_ids = self._pending_inputs(requests, counts, rows, width)
+        starts = torch.tensor([[state.cached, count] for state, count in zip(states, counts)] + [[0, 1]] * (rows - len(requests)))
 
         def loop(features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return self._step_loop(features, token_ids, starts, depth, key_length)
@@ -372,11 +366,7 @@ class Eagle3Resources(HiddenStateResources):
         output at its last pair."""
         states: list[HeadState] = [r.method_state for r in requests]
         width = max(counts)
-        features = torch.zeros(len(requests), width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
-        token_ids = torch.zeros(len(requests), width, dtype=torch.long)
-        for b, (request, state, count) in enumerate(zip(requests, states, counts)):
-            features[b, :count] = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
-            token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
+        features, token_ids = self._pending_inputs(requests, counts, len(requests), width)
         starts = torch.tensor([[state.cached] for state in states])
         positions = (starts + torch.arange(width)[None]).to(self.device)
         real = torch.arange(width)[None] < torch.tensor(counts)[:, None]
@@ -388,6 +378,19 @@ class Eagle3Resources(HiddenStateResources):
                 layer.append(keys, values)
             state.pending, state.cached, state.last = [], state.cached + count, out[b : b + 1, count - 1 : count].clone()
         return [state.last for state in states]
+
+    def _pending_inputs(self, requests: list[Request], counts: list[int], rows: int,
+                        width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's inputs for the pending pairs of ``requests`` (``counts[b]`` of them), padded
+        to ``[rows, width]`` with zeros: the target features (on the device) and the pairs' tokens
+        (on the host)."""
+        features = torch.zeros(rows, width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
+        token_ids = torch.zeros(rows, width, dtype=torch.long)
+        for b, (request, count) in enumerate(zip(requests, counts)):
+            state: HeadState = request.method_state
+            features[b, :count] = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
+            token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
+        return features, token_ids
 
     def _layer_caches(self, cache: HeadCache) -> list[RequestKV]:
         return [cache.layer(i) for i in range(self.head.config.num_layers)]

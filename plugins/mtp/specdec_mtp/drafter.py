@@ -43,8 +43,8 @@ from specdec import (
     catch_up,
     draft_vocabulary,
     drafter_checkpoint,
-    is_default_model,
     greedy_tokens,
+    is_default_model,
     pick_drafts,
     prepack_linears,
     trimmed_projection,
@@ -246,7 +246,6 @@ class MTPResources(HiddenStateResources):
                 depth.cache.append(*batch.appended(b, true)[0])
         return [(start, out[b, :count]) for b, (start, count) in enumerate(zip(starts, counts))]
 
-
     def _width(self, k: int) -> int:
         """The positions depth ``k`` runs in fixed shapes: room for a steady step's (at most
         ``max_draft_len + k``, what :meth:`_depth` runs together) and for as many again, which a
@@ -261,9 +260,10 @@ class MTPResources(HiddenStateResources):
         if self.static_cache is None and chains and chains[0].request.method_state.depths[0].cache.cached() is None:
             return {}  # the static cache takes its shapes from a depth's cache
         greedy = [c for c in chains if c.request.params.greedy]
-        plan = {c: row for c in greedy if (row := self._row(c, max(c.length for c in greedy))) is not None}
+        deepest = max((c.length for c in greedy), default=0)
+        plan = {c: row for c in greedy if (row := self._row(c, deepest)) is not None}
         depth = max((c.length for c in plan), default=0)
-        if depth < max((c.length for c in greedy), default=0):  # the rows' padding follows the deepest chain
+        if depth < deepest:  # the rows' padding follows the deepest chain among them
             plan = {c: self._row(c, depth) for c in plan}
         return plan
 
@@ -327,6 +327,7 @@ class MTPResources(HiddenStateResources):
             for k in range(2, chain.length + 1):
                 if (kept := state.depths[k - 2].outputs) is not None:
                     previous[k - 1][b, : kept.shape[0]] = kept
+
         def loop(ints: torch.Tensor, *previous: torch.Tensor) -> tuple[torch.Tensor, ...]:
             return self._chain_loop(ints, previous, depth, key_length)
 
