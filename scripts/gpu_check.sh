@@ -2,7 +2,8 @@
 # The checks a machine with an NVIDIA GPU runs in one go (docs/testing.md):
 #   1. the Triton kernels against the torch path on CUDA tensors (tests/kernels_interpret, compiled);
 #   2. on MODEL: where a captured step's time goes (profile: scripts/profile_step.py), the host syncs
-#      per decoding step (host-syncs: scripts/count_host_syncs.py), then a short `specdec bench` of
+#      per decoding step (host-syncs: scripts/count_host_syncs.py), a drafting step's cost eager and
+#      recorded (drafting: scripts/profile_drafting.py), then a short `specdec bench` of
 #      EAGLE-3 (bench-eagle3, mt_bench) and n-gram (bench-ngram, summarization and rag) with captured
 #      forwards against transformers' peer and its static-cache plain decoding (BENCH_BASELINES,
 #      default none,hf,hf-static; `eager` adds plain decoding without captured forwards). MODEL is a
@@ -13,8 +14,8 @@
 #   3. the test suite with its tiny models on CUDA (SPECDEC_TEST_DEVICE=cuda), real-model tests aside,
 #      on every core (pytest-xdist), cut short after SUITE_TIMEOUT seconds if that is set; `recorded`
 #      runs its tests of recorded forwards and drafting (CUDA graphs) alone, in under a minute.
-# GPU_CHECK_STEPS picks steps, in order (default: kernels profile host-syncs bench-eagle3 bench-ngram
-# suite; `recorded` is extra), so that a short lease can run them over several calls.
+# GPU_CHECK_STEPS picks steps, in order (default: kernels profile host-syncs drafting bench-eagle3
+# bench-ngram suite; `recorded` is extra), so that a short lease can run them over several calls.
 # Every step runs; the exit status is 1 if any failed. Logs and bench JSON go to bench-results/gpu-check/.
 #
 # Usage: bash scripts/gpu_check.sh [MODEL] [-- PYTEST_ARGS...]
@@ -143,6 +144,11 @@ host_syncs() {
   limited "$BENCH_DEADLINE" "$PYTHON" scripts/count_host_syncs.py "$BENCH_MODEL"
 }
 
+# Each shipped drafter's step, eager and recorded as CUDA graphs, at a fixed draft length.
+drafting() {
+  limited "$BENCH_DEADLINE" "$PYTHON" scripts/profile_drafting.py "$BENCH_MODEL"
+}
+
 # The EAGLE-3 head shipped for SmolLM2-135M: MODEL must have its shape (as the default model and
 # random_model.py's copy of it do).
 bench_eagle3() {
@@ -164,10 +170,10 @@ if [ ${#failed[@]} -gt 0 ]; then
 fi
 # The bench steps before the suite: their figures are wanted even when the suite is cut short.
 BENCH_MODEL=""
-for name in ${GPU_CHECK_STEPS:-kernels profile host-syncs bench-eagle3 bench-ngram suite}; do
+for name in ${GPU_CHECK_STEPS:-kernels profile host-syncs drafting bench-eagle3 bench-ngram suite}; do
   case "$name" in
     kernels|recorded|suite) step "$name" "$name" ;;
-    profile|host-syncs|bench-eagle3|bench-ngram)
+    profile|host-syncs|drafting|bench-eagle3|bench-ngram)
       if [ -z "$MODEL" ]; then
         echo "== $name skipped: give a model directory (see docs/testing.md)"
       elif [ -z "$BENCH_MODEL" ] && ! bench_model; then
