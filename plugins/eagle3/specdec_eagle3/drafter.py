@@ -168,7 +168,7 @@ class Eagle3Resources(HiddenStateResources):
         if not drafting:
             return proposals
         counts = self._pending_counts([requests[b] for b in drafting])
-        if self._records_the_step([requests[b] for b in drafting], counts):
+        if self._records_the_step([requests[b] for b in drafting]):
             for b, proposal in zip(drafting, self._recorded_step([requests[b] for b in drafting], counts)):
                 proposals[b] = proposal
             return proposals
@@ -195,8 +195,6 @@ class Eagle3Resources(HiddenStateResources):
         depth = max(lengths)
         caches = [r.method_state.cache for r in requests]
         greedy = all(r.params.greedy for r in requests)
-        if greedy and self.recorded is not None:
-            return self._recorded_chains(caches, hidden, lengths)
         batch = RaggedDraftBatch([self._layer_caches(c) for c in caches], depth - 1, self.device)
         positions = torch.tensor([[c.length] for c in caches], device=self.device)
         # A batch of greedy requests keeps its picks on the device, each feeding the next depth,
@@ -224,64 +222,65 @@ class Eagle3Resources(HiddenStateResources):
             tokens = [row[:n] for row, n in zip(torch.stack(picked, dim=1).tolist(), lengths)]
         return [DraftProposal(t, torch.stack(p) if p else None) for t, p in zip(tokens, probs)]
 
-    def _records_the_step(self, requests: list[Request], counts: list[int]) -> bool:
-        """Whether the step's catch-up and chains run as one recorded call: greedy chains, every
-        request one to ``max_draft_len + 1`` pairs behind (what a steady step leaves)."""
-        return (self.recorded is not None and not self.config.is_tree and all(r.params.greedy for r in requests)
-                and all(0 < count <= self.config.max_draft_len + 1 for count in counts))
+    def _records_the_step(self, requests: list[Request]) -> bool:
+        """Whether the step's catch-up and chains run as one recorded call: greedy chains where
+        the target's forwards run in fixed shapes."""
+        return self.recorded is not None and not self.config.is_tree and all(r.params.greedy for r in requests)
 
     def _recorded_step(self, requests: list[Request], counts: list[int]) -> list[DraftProposal]:
         """The batch's catch-up on its pending pairs and its greedy chains in one call of
         :meth:`_step_loop`, in the static cache's fixed shapes (recorded once per shape on CUDA
-        and replayed); then the caught-up pairs go into each request's cache. The same drafts
-        and head state as the eager catch-up and chains."""
+        and replayed); then the caught-up pairs go into each request's cache. A request further
+        behind than a steady step leaves (``max_draft_len + 1`` pairs: just added, or drafting was
+        paused for it) catches up alone first, timed as setup. The same drafts and head state as
+        the eager catch-up and chains."""
         states: list[HeadState] = [r.method_state for r in requests]
+        steady = self.config.max_draft_len + 1
+        far = [count if count > steady else 0 for count in counts]
+        catch_up(far, steady, lambda rows: self._forward_pending([requests[b] for b in rows], [far[b] for b in rows]),
+                 self.setup_clock)
+        counts = [0 if behind else count for behind, count in zip(far, counts)]
         lengths = [min(self.config.max_draft_len, r.max_draft_len) for r in requests]
-        depth, width = max(lengths), self.config.max_draft_len + 1
+        depth = max(lengths)
         cached = self.static_cache.load([self._layer_caches(state.cache) for state in states])
-        rows, key_length = self.static_cache.shape_for(len(requests), max(cached) + width + depth)
-        features, token_ids = self._pending_inputs(requests, counts, rows, width)
-        starts = torch.tensor([[state.cached, count] for state, count in zip(states, counts)] + [[0, 1]] * (rows - len(requests)))
+        rows, key_length = self.static_cache.shape_for(len(requests), max(cached) + steady + depth)
+        features, token_ids = self._pending_inputs(requests, counts, rows, steady)
+        starts = torch.tensor([[state.cached, count] for state, count in zip(states, counts)] + [[0, 0]] * (rows - len(requests)))
+        # A request with no pairs pending (caught up above) drafts from the head's output it keeps.
+        hidden = torch.zeros(rows, 1, self.head.config.hidden_size, dtype=features.dtype, device=self.device)
+        for b, (state, count) in enumerate(zip(states, counts)):
+            if not count:
+                hidden[b] = state.last[0]
 
-        def loop(features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self._step_loop(features, token_ids, starts, depth, key_length)
+        def loop(features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor,
+                 hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._step_loop(features, token_ids, starts, hidden, depth, key_length)
 
-        picks, last = self.recorded(("step", rows, depth, key_length), loop,
-                                    [features, token_ids.to(self.device), starts.to(self.device)])
+        picks, last = self.recorded((rows, depth, key_length), loop,
+                                    [features, token_ids.to(self.device), starts.to(self.device), hidden])
         picks = picks[: len(requests)].tolist()
         for b, (state, count) in enumerate(zip(states, counts)):
-            for layer, keys, values in zip(self._layer_caches(state.cache), self.static_cache.keys, self.static_cache.values):
-                layer.append(keys[b : b + 1, :, state.cached : state.cached + count], values[b : b + 1, :, state.cached : state.cached + count])
-            state.pending, state.cached, state.last = [], state.cached + count, last[b : b + 1].clone()
+            if count:
+                for layer, keys, values in zip(self._layer_caches(state.cache), self.static_cache.keys, self.static_cache.values):
+                    layer.append(keys[b : b + 1, :, state.cached : state.cached + count], values[b : b + 1, :, state.cached : state.cached + count])
+                state.pending, state.cached, state.last = [], state.cached + count, last[b : b + 1].clone()
         return [DraftProposal(row[:n]) for row, n in zip(picks, lengths)]
 
-    def _step_loop(self, features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor, depth: int,
-                   key_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step_loop(self, features: torch.Tensor, token_ids: torch.Tensor, starts: torch.Tensor, hidden: torch.Tensor,
+                   depth: int, key_length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The catch-up over each row's pending pairs (``features``, ``token_ids``: ``[rows, width]``,
         the first ``starts[b, 1]`` of row ``b`` real, its cache holding ``starts[b, 0]`` positions),
-        then :meth:`_chain_loop` from the last of them. Returns the ``[rows, depth]`` drafts and the
-        head's outputs at the last pairs (``[rows, 1, hidden]``); nothing leaves the device."""
+        then :meth:`_chain_loop` from the last of them, or from ``hidden[b]`` for a row with none.
+        Returns the ``[rows, depth]`` drafts and the head's outputs at the last pairs
+        (``[rows, 1, hidden]``); nothing leaves the device."""
         cached, counts = starts[:, :1], starts[:, 1:]
         positions = cached + torch.arange(token_ids.shape[1], device=self.device)[None]
         self.static_cache.write_at(positions, key_length)
         mask = (torch.arange(key_length, device=self.device)[None, None] <= positions[..., None])[:, None]
         out = self.head(self.embed(token_ids), self.head.fuse(features), positions, self.static_cache, mask)
-        last = out.gather(1, (counts - 1)[..., None].expand(-1, 1, out.shape[-1]))
+        last = out.gather(1, (counts - 1).clamp(min=0)[..., None].expand(-1, 1, out.shape[-1]))
+        last = torch.where(counts[..., None] > 0, last, hidden)
         return self._chain_loop(last, cached + counts, depth, key_length), last
-
-    def _recorded_chains(self, caches: list[HeadCache], hidden: torch.Tensor, lengths: list[int]) -> list[DraftProposal]:
-        """Greedy chains drafted by the loop of :meth:`_chain_loop`, in the static cache's fixed
-        shapes: recorded once per shape on CUDA and replayed. The same drafts as the eager loop."""
-        depth = max(lengths)
-        cached = self.static_cache.load([self._layer_caches(c) for c in caches])
-        rows, key_length = self.static_cache.shape_for(len(caches), max(cached) + depth)
-        padded = hidden.new_zeros(rows, 1, hidden.shape[-1])
-        padded[: len(caches)] = hidden
-        starts = torch.zeros(rows, 1, dtype=torch.long)
-        starts[: len(caches), 0] = torch.tensor(cached)
-        picks = self.recorded((rows, depth, key_length), lambda h, s: self._chain_loop(h, s, depth, key_length),
-                              [padded, starts.to(self.device)])
-        return [DraftProposal(row[:n]) for row, n in zip(picks[: len(caches)].tolist(), lengths)]
 
     def _chain_loop(self, hidden: torch.Tensor, starts: torch.Tensor, depth: int, key_length: int) -> torch.Tensor:
         """``[rows, depth]`` greedy drafts from the head's outputs ``hidden`` (``[rows, 1, hidden]``),
@@ -381,13 +380,15 @@ class Eagle3Resources(HiddenStateResources):
 
     def _pending_inputs(self, requests: list[Request], counts: list[int], rows: int,
                         width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's inputs for the pending pairs of ``requests`` (``counts[b]`` of them), padded
-        to ``[rows, width]`` with zeros: the target features (on the device) and the pairs' tokens
+        """The head's inputs for the pending pairs of ``requests`` (``counts[b]`` of them, maybe
+        none), padded to ``[rows, width]`` with zeros: the target features (on the device) and the pairs' tokens
         (on the host)."""
         features = torch.zeros(rows, width, self.head.fc.in_features, dtype=self.head.fc.weight.dtype, device=self.device)
         token_ids = torch.zeros(rows, width, dtype=torch.long)
         for b, (request, count) in enumerate(zip(requests, counts)):
             state: HeadState = request.method_state
+            if not count:
+                continue
             features[b, :count] = torch.cat(state.pending) if len(state.pending) > 1 else state.pending[0]
             token_ids[b, :count] = torch.tensor(request.token_ids[state.cached + 1 : state.cached + 1 + count])
         return features, token_ids
