@@ -256,9 +256,17 @@ class MTPResources(HiddenStateResources):
         """The chains that draft in fixed shapes this step, each with its inputs of
         :meth:`_chain_loop` (a row of integers, laid out as it reads them): the greedy ones at most
         :meth:`_width` positions behind at every depth they draft. The others (a request far
-        behind, as after its prompt) take the eager depths, which catch it up alone."""
-        if self.static_cache is None and chains and chains[0].request.method_state.depths[0].cache.cached() is None:
-            return {}  # the static cache takes its shapes from a depth's cache
+        behind, as after its prompt) take the eager depths, which catch it up alone. The static
+        cache is made at the first step where a depth's cache holds anything, shaped like it."""
+        if self.static_cache is None:  # shaped like the depths' caches, once one holds anything
+            cached = next((kv for c in chains for d in c.request.method_state.depths if (kv := d.cache.cached())), None)
+            if cached is None:
+                return {}
+            keys, values = cached
+            self.static_cache = StaticDraftCache(
+                self.config.max_draft_len, self._static_rows, keys.shape[1], keys.shape[3], self._static_capacity,
+                keys.dtype, self.device, value_shape=(values.shape[1], values.shape[3]),
+            )
         greedy = [c for c in chains if c.request.params.greedy]
         deepest = max((c.length for c in greedy), default=0)
         plan = {c: row for c in greedy if (row := self._row(c, deepest)) is not None}
@@ -300,12 +308,6 @@ class MTPResources(HiddenStateResources):
         the eager depths do."""
         depth = max(c.length for c in chains)
         states: list[MTPState] = [c.request.method_state for c in chains]
-        if self.static_cache is None:
-            keys, values = states[0].depths[0].cache.cached()
-            self.static_cache = StaticDraftCache(
-                self.config.max_draft_len, self._static_rows, keys.shape[1], keys.shape[3], self._static_capacity,
-                keys.dtype, self.device, value_shape=(values.shape[1], values.shape[3]),
-            )
         cache = self.static_cache
         cache.load([[d.cache for d in state.depths[:depth]] for state in states])
         starts = [[state.depths[k - 1].cache.length for state in states] for k in range(1, depth + 1)]
