@@ -1,9 +1,11 @@
 """How often a decoding step reads tensors back to the host. On CUDA each read waits for the
 device (a host sync: scripts/count_host_syncs.py counts them there); on the CPU the same calls
-are counted here, so a new read in the step shows up on every machine. A step reads twice: the
-check that the target's logits are finite, and the verify outcome (greedy and seeded requests:
-the target's picks, chains and trees alike, compared with the drafts on the host; sampled ones:
-accepted counts and next tokens in one transfer)."""
+are counted here, so a new read in the step shows up on every machine. A step reads once: the
+verify outcome (greedy and seeded requests: the target's picks, chains and trees alike, compared
+with the drafts on the host; sampled ones: accepted counts and next tokens in one transfer). The
+check that the target's logits are finite is not a read of its own: its flags are copied to the
+host behind the forward, whose end the step waits for anyway to time it
+(:class:`specdec.host_copy.HostCopy`, which reads host memory, not counted here)."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     ({"method": "ngram", "num_speculative_tokens": 3}, 1.0),
     ({"method": "suffix", "num_speculative_tokens": 4}, 0.0),  # tree drafts
 ], ids=["plain", "chains", "sampled chains", "trees"])
-def test_a_step_reads_the_device_twice(tiny, config, temperature, reads) -> None:
+def test_a_step_reads_the_device_once(tiny, config, temperature, reads) -> None:
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello world, hello")}
     counted = {}
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
@@ -52,4 +54,4 @@ def test_a_step_reads_the_device_twice(tiny, config, temperature, reads) -> None
     (short_reads, short_steps), (long_reads, long_steps) = counted[8], counted[40]
     assert long_steps > short_steps
     per_step = (long_reads - short_reads) / (long_steps - short_steps)
-    assert per_step == 2, counted
+    assert per_step == 1, counted

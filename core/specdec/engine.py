@@ -21,6 +21,7 @@ from specdec.config import SpeculativeConfig
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.draft_budget import DraftBudget, StepBudget, depth
 from specdec.errors import ConfigError, NonFiniteLogitsError, PluginError, QueueFullError, SpecdecError
+from specdec.host_copy import HostCopy
 from specdec.kv_cache import BatchKVCache
 from specdec.logits_processing import LogitsProcessing, VerifyRows
 from specdec.logprobs import token_logprobs
@@ -420,12 +421,13 @@ class Engine:
             outputs = [runner.forward(cache, rows[0])]
         else:
             outputs = runner.forward_rows(cache, rows)
+        broken = HostCopy(torch.stack([invalid_logits(o.logits).any() for o in outputs]))
         if self._sync:
             self._sync()
         forwarded = time.perf_counter()
         for request, output in zip(batch, outputs):
             request.target_output = output
-        results = self._verify(batch, proposals, [o.logits for o in outputs])
+        results = self._verify(batch, proposals, [o.logits for o in outputs], broken.tolist())
         for row, (proposal, result) in enumerate(zip(proposals, results)):
             if result is None:
                 continue
@@ -552,10 +554,14 @@ class Engine:
             raise SpecdecError("logits processing failed: it left no token allowed")
         return processed
 
-    def _verify(self, batch: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor]) -> list[VerifyResult | None]:
+    def _verify(self, batch: list[Request], proposals: list[DraftProposal], logits: list[torch.Tensor],
+                broken: list[bool]) -> list[VerifyResult | None]:
         """Each request's verify result; ``None`` for a request that ended here (its target logits
-        are not finite, its logits processing failed, or the method failed it)."""
-        broken = torch.stack([invalid_logits(lg).any() for lg in logits]).tolist()
+        are not finite, ``broken[row]``; its logits processing failed; or the method failed it).
+
+        ``broken`` comes from the caller, computed right after the forward and copied to the host
+        behind it (:class:`~specdec.host_copy.HostCopy`), so the check costs the step no wait of
+        its own on CUDA: the step's one read of the device is the verify outcome."""
         logits = list(logits)
         for row, (request, bad) in enumerate(zip(batch, broken)):
             if bad:
