@@ -58,6 +58,20 @@ def test_generate_with_a_tiny_temperature_decodes_greedily(tiny_dir: Path) -> No
     assert json.loads(tiny_t.stdout)["token_ids"] == json.loads(greedy.stdout)["token_ids"]
 
 
+def test_generate_samples_with_min_p(tiny_dir: Path) -> None:
+    """`--min-p` reaches the sampler: the seeded output is the library's with the same min_p."""
+    from specdec import LLM, SamplingParams
+
+    result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--no-chat", "--max-tokens", "12",
+                     "--json", "--temperature", "1", "--seed", "3", "--min-p", "0.5", "hello world, hello")
+    assert result.returncode == 0, result.stderr
+    with LLM(str(tiny_dir), dtype="float32") as llm:
+        params = SamplingParams(temperature=1.0, seed=3, min_p=0.5, max_tokens=12)
+        expected = llm.generate("hello world, hello", params)[0].token_ids
+        without = llm.generate("hello world, hello", params.model_copy(update={"min_p": 0.0}))[0].token_ids
+    assert json.loads(result.stdout)["token_ids"] == expected != without
+
+
 def test_generate_compare_matches_plain(tiny_dir: Path) -> None:
     """`generate --compare` reports a speedup measured against plain decoding and the same tokens."""
     result = specdec("generate", "--model", str(tiny_dir), "--dtype", "float32", "--method", "ngram", "--compare",

@@ -79,6 +79,21 @@ def test_text_deltas_hold_back_a_possible_stop_string(tiny, prompts, alone):
     assert sent == full[:at] and deltas[-1].finish_reason == "stop"
 
 
+def test_a_stop_string_stays_in_the_text_with_include_stop_str_in_output(tiny, prompts, alone):
+    """vLLM's include_stop_str_in_output: the text ends with the stop string that ended it, in the
+    deltas and in the final output, and never runs past it."""
+    full = alone[0].text
+    at = next(i for i in range(5, len(full) - 3) if full.find(full[i : i + 3]) == i)
+    stop = full[at : at + 3]
+    params = SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    with LLM(tiny.model, None, tokenizer=tiny.tokenizer) as llm:
+        llm.engine.add_request(prompts[0], params)
+        (deltas,) = _run(llm.engine).values()
+        output = llm.generate({"prompt_token_ids": prompts[0]}, params)[0]
+    sent = "".join(delta.text_delta for delta in deltas)
+    assert sent == output.text == full[: at + 3] and deltas[-1].finish_reason == "stop"
+
+
 class _Tracking(ResourceManager):
     def __init__(self) -> None:
         super().__init__()

@@ -490,6 +490,14 @@ def test_concurrent_clients_each_get_their_offline_output(server: Server, offlin
         ("/v1/completions", {"prompt": "a" * 70000}, 413, None),
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 17}, 400, "n"),
+        ("/v1/completions", {"prompt": "hi", "min_p": 1.5}, 400, "min_p"),
+        ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, 400, "use_beam_search"),
+        ("/v1/completions", {"prompt": "hi", "skip_special_tokens": False}, 400, "skip_special_tokens"),
+        ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                  "chat_template_kwargs": {"tokenize": False}}, 400, "chat_template_kwargs"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False,
+                                  "continue_final_message": True}, 400, "continue_final_message"),
     ],
 )
 def test_client_errors_are_4xx_with_openai_error_json(server: Server, path: str, body: object, status: int,
@@ -531,6 +539,30 @@ def test_structured_output_and_penalties_through_the_openai_client(server: Serve
         want = _greedy(offline, "hello world", 16, frequency_penalty=0.5, presence_penalty=0.2, **fields)
         assert got.choices[0].text == want, extra_body
     assert got.choices[0].text and "the" not in got.choices[0].text.split()
+
+
+def test_vllm_request_fields_reach_the_engine(server: Server, offline: LLM) -> None:
+    """vLLM's ``min_p``, ``include_stop_str_in_output``, ``chat_template_kwargs`` and
+    ``continue_final_message`` are honoured, not dropped: each reply is offline decoding's with
+    the same settings (min_p changes this seeded reply, so dropping it would show)."""
+    client = server.client()
+    seeded = {"temperature": 1.0, "seed": 7, "max_tokens": 16}
+    got = client.completions.create(model=MODEL, prompt="hello world", extra_body={"min_p": 0.5}, **seeded)
+    want = offline.generate("hello world", SamplingParams(min_p=0.5, **seeded))[0].text
+    assert got.choices[0].text == want != offline.generate("hello world", SamplingParams(**seeded))[0].text
+
+    full = _greedy(offline, "hello world", 16)
+    stop = full[3:6]
+    got = client.completions.create(model=MODEL, prompt="hello world", temperature=0, max_tokens=16, stop=[stop],
+                                    extra_body={"include_stop_str_in_output": True})
+    assert got.choices[0].text == full[: full.index(stop) + len(stop)]
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello th"}]
+    got = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=8, extra_body={
+        "add_generation_prompt": False, "continue_final_message": True, "chat_template_kwargs": {"enable_thinking": False}})
+    want = offline.chat(messages, SamplingParams(max_tokens=8), add_generation_prompt=False, continue_final_message=True,
+                        chat_template_kwargs={"enable_thinking": False})
+    assert got.choices[0].message.content == want[0].text
 
 
 def test_tool_calls_named_required_and_auto_whole_and_streamed(json_server: Server, tiny_json_dir: Path) -> None:

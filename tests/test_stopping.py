@@ -19,3 +19,14 @@ def test_only_a_request_that_ignores_eos_and_has_no_stops_has_a_known_remainder(
     assert remaining(max_tokens=20) is None
     assert remaining(max_tokens=20, ignore_eos=True, stop_token_ids=[7]) is None
     assert remaining(max_tokens=20, ignore_eos=True, stop=["x"]) is None
+
+
+def test_cut_at_stop_cuts_at_the_first_stop_string_with_or_without_it():
+    """The stop string that starts first ends the text (the earlier listed on a tie); with
+    ``include`` the text keeps it, and nothing after it."""
+    from specdec.stopping import cut_at_stop
+
+    assert cut_at_stop("say hello world", ["world", "lo"]) == "say hel"
+    assert cut_at_stop("say hello world", ["world", "lo"], include=True) == "say hello"
+    assert cut_at_stop("abcabc", ["bc", "b"], include=True) == "abc"
+    assert cut_at_stop("no stop here", ["x"], include=True) == "no stop here"

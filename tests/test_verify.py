@@ -483,6 +483,31 @@ def test_top_p_keeps_smallest_set_reaching_p(top_p):
     assert torch.allclose(probs, expected / expected.sum(), atol=1e-6)
 
 
+@pytest.mark.parametrize("min_p", [0.05, 0.3, 1.0])
+def test_min_p_keeps_tokens_at_least_min_p_times_the_likeliest(min_p):
+    """min_p (vLLM's and transformers' definition) keeps the tokens whose probability after
+    temperature is at least ``min_p`` times the likeliest token's, renormalized; transformers'
+    MinPLogitsWarper keeps the same ones."""
+    from transformers import MinPLogitsWarper
+
+    logits = torch.randn(4, 40, generator=torch.Generator().manual_seed(3)) * 3
+    probs = logits_to_probs(logits, SamplingParams(temperature=0.8, min_p=min_p))
+    full = torch.softmax(logits / 0.8, -1)
+    kept = full >= min_p * full.max(-1, keepdim=True).values
+    assert torch.equal(probs > 0, kept)
+    assert torch.allclose(probs, torch.where(kept, full, 0.0) / torch.where(kept, full, 0.0).sum(-1, keepdim=True), atol=1e-6)
+    hf = MinPLogitsWarper(min_p, min_tokens_to_keep=1)(None, logits / 0.8)
+    assert torch.equal(hf > float("-inf"), kept)
+
+
+def test_min_p_applies_before_top_p_as_in_vllm():
+    """With min_p and top_p, top_p's mass is counted over the tokens min_p kept (vLLM's order)."""
+    logits = torch.tensor([0.50, 0.30, 0.12, 0.05, 0.03]).log()
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, min_p=0.2, top_p=0.8))
+    # min_p keeps 0.50, 0.30, 0.12 (>= 0.1); renormalized 0.54, 0.33, 0.13: top_p 0.8 then keeps two.
+    assert (probs > 0).tolist() == [True, True, False, False, False]
+
+
 def test_temperature_zero_is_one_hot_argmax():
     """temperature 0 (greedy) gives a one-hot distribution on the argmax, per row."""
     logits = torch.randn(4, 20, generator=torch.Generator().manual_seed(1))

@@ -147,7 +147,7 @@ class Engine:
         request.processors = self.processing.for_request(request.token_ids, params)
         request.acceptance = self.policy.new_estimate()
         request.suffix_acceptance = self.policy.new_suffix_estimate()
-        request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+        request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         if params.logprobs is not None:
             request.logprobs = []
         self._next_id += 1

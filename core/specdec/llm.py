@@ -11,6 +11,7 @@ from collections import deque
 import torch
 from transformers import PreTrainedModel
 
+from specdec.chat_template import template_kwargs
 from specdec.config import SpeculativeConfig
 from specdec.config_loader import parse_speculative_config
 from specdec.engine import Engine
@@ -112,7 +113,9 @@ class LLM:
 
     def encode(self, prompt: Prompt, chat: bool = False, template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """Token ids of ``prompt``; ``chat=True`` wraps a text prompt as one user turn;
-        ``template_kwargs`` go to the chat template (``tools``)."""
+        ``template_kwargs`` go to ``apply_chat_template`` (``tools``, template variables, or
+        ``add_generation_prompt=False`` with ``continue_final_message=True`` to continue the last
+        message)."""
         if isinstance(prompt, dict):
             try:
                 return [int(t) for t in prompt["prompt_token_ids"]]
@@ -125,7 +128,8 @@ class LLM:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         if not getattr(self.tokenizer, "chat_template", None):
             raise ConfigError("prompt: this model's tokenizer has no chat template; use --no-chat")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **(template_kwargs or {}))
+        kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(
@@ -196,15 +200,19 @@ class LLM:
         *,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of them, using the chat template.
 
         ``tools`` and ``tool_choice`` are OpenAI's (see :mod:`specdec.tools`): each output's
-        ``tool_calls`` holds the calls and ``text`` the content around them.
+        ``tool_calls`` holds the calls and ``text`` the content around them. The other keyword
+        arguments are vLLM's (:mod:`specdec.chat_template`): template variables, and continuing
+        the last (assistant) message instead of opening a new turn.
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        if tools is None and tool_choice is None:
-            return self.generate(conversations, sampling_params, chat=True)
+        calls = tools is not None or tool_choice is not None
         use = tool_use(tools, tool_choice)
         params = sampling_params or SamplingParams()
         constraint = use.constraint()
@@ -215,13 +223,16 @@ class LLM:
         template = getattr(self.tokenizer, "chat_template", None)
         encoded = []
         for conversation in conversations:
-            shown, template_kwargs = use.conversation(conversation, template)
-            encoded.append(self.encode(shown, chat=True, template_kwargs=template_kwargs))
+            shown, tool_kwargs = use.conversation(conversation, template) if calls else (conversation, {})
+            kwargs = template_kwargs(conversation, chat_template_kwargs, tool_kwargs, add_generation_prompt,
+                                     continue_final_message)
+            encoded.append(self.encode(shown, chat=True, template_kwargs=kwargs))
         outputs = self._generate(conversations, encoded, [params] * len(conversations))
-        for out in outputs:
-            content, out.tool_calls = use.parse(out.text)
-            out.text = content or ""
-            out.finish_reason = use.finish_reason(out.finish_reason, out.tool_calls)
+        if calls:
+            for out in outputs:
+                content, out.tool_calls = use.parse(out.text)
+                out.text = content or ""
+                out.finish_reason = use.finish_reason(out.finish_reason, out.tool_calls)
         return outputs
 
     def warmup(self, max_batch_size: int = 1) -> None:

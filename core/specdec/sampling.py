@@ -12,6 +12,7 @@ policy chose, what was drafted, or how many times it ran.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,8 +35,14 @@ class SamplingParams(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, description="0 disables top-k.")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0,
+                         description="Drop tokens less likely than this fraction of the likeliest token's "
+                                     "probability (after temperature); 0 disables it.")
     max_tokens: int = Field(default=128, ge=1)
-    stop: list[str] = Field(default_factory=list, description="Stop strings (excluded from text).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (excluded from text unless "
+                                                              "include_stop_str_in_output).")
+    include_stop_str_in_output: bool = Field(default=False, description="Keep the stop string that ended the "
+                                                                        "output in its text.")
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1, description="What torch.Generator takes.")
@@ -88,11 +95,16 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Turn ``[..., vocab]`` logits into the sampling distribution ``params`` describes (fp32)."""
+    """Turn ``[..., vocab]`` logits into the sampling distribution ``params`` describes (fp32):
+    temperature, then ``min_p``, ``top_k`` and ``top_p``, in vLLM's order."""
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(greedy_tokens(logits), logits.shape[-1]).float()
     logits = logits / params.temperature
+    if params.min_p > 0.0:
+        # p_i >= min_p * p_max, compared in log space: logit_i >= logit_max + log(min_p).
+        floor = logits.max(-1, keepdim=True).values + math.log(params.min_p)
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

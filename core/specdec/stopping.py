@@ -46,15 +46,22 @@ class StopChecker:
         return any(s in tail for s in request.params.stop)
 
     def final_text(self, request: Request) -> str:
-        """The output text, cut before the first stop string (which is excluded, as in vLLM)."""
+        """The output text, cut at the first stop string (which is excluded unless
+        ``include_stop_str_in_output``, as in vLLM)."""
         if self.tokenizer is None:
             return ""
-        return cut_at_stop(self.tokenizer.decode(request.output_ids, skip_special_tokens=True), request.params.stop)
+        text = self.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+        return cut_at_stop(text, request.params.stop, request.params.include_stop_str_in_output)
 
 
-def cut_at_stop(text: str, stop: list[str]) -> str:
-    """``text`` up to the first stop string in it (excluded), or all of it."""
-    return text[: min((i for i in (text.find(s) for s in stop) if i >= 0), default=len(text))]
+def cut_at_stop(text: str, stop: list[str], include: bool = False) -> str:
+    """``text`` up to the first stop string in it (the one that starts first; the earlier listed
+    on a tie), with that string when ``include``; all of ``text`` when it holds none."""
+    found = [(i, len(s)) for i, s in ((text.find(s), s) for s in stop) if i >= 0]
+    if not found:
+        return text
+    start, length = min(found, key=lambda f: f[0])
+    return text[: start + length if include else start]
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -73,7 +73,8 @@ class HFPeer:
         self.tokenizer = llm.tokenizer
         self.kwargs = kwargs
         sampling = {"do_sample": False} if params.greedy else {
-            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None
+            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None,
+            "min_p": params.min_p or None,
         }
         eos = sorted(llm.engine.stops.eos_token_ids)
         self.base = {"pad_token_id": eos[0] if eos else None, "eos_token_id": eos or None, **sampling}

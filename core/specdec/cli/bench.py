@@ -44,7 +44,7 @@ BASELINES = {"none", "hf", "hf-static", "eager"}
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Rounds per turn (or batch), each running every mode once: more rounds average out machine noise.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write results here (and a .png plot beside).")
-def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, runtime, temperature, top_p, top_k, seed, dataset,
+def bench(config_file, method, max_draft_len, speculative_model, settings, model, dtype, device, runtime, temperature, top_p, top_k, min_p, seed, dataset,
           categories, num_prompts, max_turns, max_tokens, ignore_eos, baseline, batch_size, repeats, json_out) -> None:
     """Benchmark a method against plain decoding on the same loaded model."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
@@ -53,7 +53,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
     baselines = {b.strip() for b in baseline.split(",") if b.strip()}
     if baselines - BASELINES:
         raise ConfigError(f"--baseline: unknown {', '.join(sorted(baselines - BASELINES))}; use none, hf, hf-static, eager")
-    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens,
+    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, max_tokens=max_tokens,
                              ignore_eos=ignore_eos)
     questions = load_questions(dataset, categories.split(",") if categories else None, num_prompts)
     if json_out:

@@ -60,6 +60,8 @@ def method_options(func: Any = None, *, config_aliases: tuple[str, ...] = ()) ->
 
 def sampling_options(func: Any) -> Any:
     func = click.option("--seed", type=int, default=None)(func)
+    func = click.option("--min-p", type=float, default=0.0, show_default=True,
+                        help="Drop tokens below this fraction of the likeliest token's probability; 0 = off.")(func)
     func = click.option("--top-k", type=int, default=0, show_default=True)(func)
     func = click.option("--top-p", type=float, default=1.0, show_default=True)(func)
     func = click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")(func)

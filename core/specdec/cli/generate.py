@@ -32,11 +32,11 @@ def _timed(llm: LLM, prompt: str, params: SamplingParams, chat: bool) -> tuple[R
 @click.option("--compare", is_flag=True, help="Also decode plainly (after a warm-up) and report the speedup.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt, one per line.")
 @click.argument("prompts", nargs=-1, required=True)
-def generate(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, temperature, top_p, top_k, seed,
+def generate(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, temperature, top_p, top_k, min_p, seed,
              max_tokens, stop, chat, compare, as_json, prompts) -> None:
     """Generate text for each PROMPT."""
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
-    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_tokens=max_tokens, stop=list(stop))
+    params = sampling_params(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, max_tokens=max_tokens, stop=list(stop))
     quiet_transformers()
     console = Console(stderr=as_json)
     with console.status("loading model"):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from specdec.chat_template import template_kwargs
 from specdec.errors import ConfigError
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
@@ -29,6 +30,13 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
+    # vLLM's extensions this server does not implement: refused unless they ask for nothing.
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
 }
 
 
@@ -80,9 +88,11 @@ class _OpenAIRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1, description="vLLM: 0 or -1 disables it.")
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     n: int | None = Field(default=None, ge=1, le=MAX_CHOICES, description="Choices to generate (default 1).")
     seed: int | None = None
     stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     stream: bool = False
@@ -167,8 +177,10 @@ class _OpenAIRequest(BaseModel):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=max(self.top_k or 0, 0),
+            min_p=self.min_p or 0.0,
             max_tokens=max_tokens,
             stop=self.stop or [],
+            include_stop_str_in_output=self.include_stop_str_in_output,
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             seed=None if self.seed is None else self.seed + choice,
@@ -231,11 +243,25 @@ class ChatCompletionRequest(_OpenAIRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    #: vLLM's chat template options: extra template variables (``enable_thinking`` and the like),
+    #: and continuing the last (assistant) message instead of opening a new turn.
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
+
+    def template_kwargs(self, tools: dict[str, Any]) -> dict[str, Any]:
+        """What ``apply_chat_template`` takes for this request, with ``tools``' arguments; a 400
+        naming the field that cannot be."""
+        try:
+            return template_kwargs(self.conversation(), self.chat_template_kwargs, tools, self.add_generation_prompt,
+                                   self.continue_final_message)
+        except ConfigError as exc:
+            raise from_config_error(exc, "chat_template_kwargs") from None
 
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -42,5 +42,5 @@ class ServerState:
             return self.llm.encode(prompt, chat=chat, template_kwargs=template_kwargs)
         except ConfigError as exc:
             raise APIError(400, str(exc), param) from None
-        except (ValueError, TemplateError) as exc:  # the chat template refused the messages
+        except (ValueError, TypeError, TemplateError) as exc:  # the chat template refused the messages
             raise APIError(400, f"{param}: {exc}", param) from None
