@@ -55,8 +55,11 @@ LONG = {"prompt": "count: a b c", "max_tokens": 1000, "ignore_eos": True, "tempe
 class Server:
     """`specdec serve` in a subprocess on a port it picks itself (``--port 0``), its log in a file."""
 
-    def __init__(self, log: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, log: Path, args: list[str], env: dict[str, str] | None = None, api_key: str | None = None) -> None:
         self.log = log
+        self.api_key = api_key
+        if api_key is not None:
+            env = {**(env or {}), "SPECDEC_API_KEY": api_key}
         with log.open("w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "specdec.cli.main", "serve", "--dtype", "float32", "--port", "0", *args],
@@ -80,10 +83,12 @@ class Server:
         raise AssertionError(f"the server was not ready within {timeout} s:\n{self.log.read_text()}")
 
     def client(self, **kwargs: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=60, **kwargs)
+        return openai.OpenAI(**{"base_url": f"{self.url}/v1", "api_key": self.api_key or "x", "max_retries": 0,
+                                "timeout": 60, **kwargs})
 
     def post(self, path: str, body: object, timeout: float | httpx.Timeout = 60) -> httpx.Response:
-        return httpx.post(f"{self.url}{path}", json=body, timeout=timeout)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        return httpx.post(f"{self.url}{path}", json=body, timeout=timeout, headers=headers)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Every sample of /metrics by (name, sorted labels)."""
@@ -133,6 +138,9 @@ kv_cache_config:
     enable_block_reuse: false
 """
 
+#: The json server's --api-key (given as SPECDEC_API_KEY).
+API_KEY = "sk-specdec-test"
+
 #: Prompts decoded beside the failing request; the echo server fails for a token none of them holds.
 BESIDE = ["hello world", "the quick brown fox", "a lazy dog"]
 
@@ -162,7 +170,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_
                        env=plugins_env),
         "small": Server(logs / "small.log", [*model, "--extra_llm_api_options", str(trtllm_options),
                                                "--max-queue-size", "1", "--shutdown-timeout", "1"]),
-        "json": Server(logs / "json.log", ["--model", str(tiny_json_dir), "--method", "ngram", *plain_costs, "--served-model-name", MODEL]),
+        "json": Server(logs / "json.log", ["--model", str(tiny_json_dir), "--method", "ngram", *plain_costs, "--served-model-name", MODEL],
+                       api_key=API_KEY),
     }
     try:
         yield started
@@ -187,7 +196,7 @@ def tiny_json_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def json_server(servers: dict[str, Server]) -> Server:
-    """A tiny model whose characters can spell JSON and tool calls."""
+    """A tiny model whose characters can spell JSON and tool calls, served with an API key."""
     return servers["json"].wait_ready()
 
 
@@ -603,6 +612,27 @@ def test_tool_calls_named_required_and_auto_whole_and_streamed(json_server: Serv
     assert content.lstrip().startswith("{")
     if json_reply.choices[0].finish_reason == "stop":  # else cut short: a valid prefix
         assert isinstance(json.loads(content), dict)
+
+
+def test_an_api_key_guards_the_api_routes_only(json_server: Server) -> None:
+    """With --api-key, the OpenAI and Triton model routes answer 401 (in their API's error shape)
+    to a request without the key or with another; the key admits it; /health and /metrics stay
+    open."""
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.AuthenticationError) as info:
+        json_server.client(api_key="sk-wrong").chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert info.value.status_code == 401 and info.value.body["param"] is None
+    for headers in ({}, {"Authorization": API_KEY}, {"Authorization": f"Basic {API_KEY}"}):
+        reply = httpx.post(f"{json_server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, headers=headers)
+        assert reply.status_code == 401 and reply.headers["www-authenticate"] == "Bearer", headers
+        assert reply.json()["error"]["code"] == 401
+    reply = httpx.post(f"{json_server.url}/v2/models/{MODEL}/generate", json={"text_input": "hi"})
+    assert reply.status_code == 401 and "API key" in reply.json()["error"]
+    assert httpx.get(f"{json_server.url}/health").status_code == 200
+    assert httpx.get(f"{json_server.url}/metrics").status_code == 200
+    assert httpx.get(f"{json_server.url}/v1/models").status_code == 401
+    assert json_server.client().models.list().data[0].id == MODEL
+    assert json_server.post(f"/v2/models/{MODEL}/generate", {"text_input": "hi"}).status_code == 200
 
 
 def test_body_limit_holds_without_content_length(server: Server) -> None:

@@ -43,9 +43,12 @@ _HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len")
               help="Measure step costs at batch sizes 1, 2, 4, ... and the largest before serving "
                    "(else a forward width at a time in idle moments while serving).")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
+@click.option("--api-key", envvar="SPECDEC_API_KEY", default=None, show_envvar=True,
+              help="Admit /v1 and /v2/models requests only with 'Authorization: Bearer KEY' (the OpenAI "
+                   "clients' api_key); /health and /metrics stay open.")
 def serve(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, host, port,
           max_batch_size, max_queue_size, served_model_name, max_request_bytes, shutdown_timeout, warmup,
-          access_log) -> None:
+          access_log, api_key) -> None:
     """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, Triton
     /v2/models/NAME/generate, /health and Prometheus /metrics.
 
@@ -62,6 +65,8 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
             f"specdec serve needs the serve extra ({exc.name} is missing): pip install 'specdec[serve]'"
         ) from None
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if api_key is not None and not api_key.strip():
+        raise ConfigError("--api-key: must not be empty (leave it out to serve without a key)")
     config = build_config(config_file, method, max_draft_len, settings, speculative_model)
     if config_file:
         config, options = split_llm_api_options(config)
@@ -80,9 +85,11 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
                 name = served_model_name or _default_name(model)
                 url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
                 err.print(f"serving {name} ({llm.method}, batch {llm.engine.max_batch_size}) at {url}: "
-                          f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics")
+                          f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics"
+                          + (" (API key required)" if api_key else ""))
                 _log_to(err)
-                if not run_app(create_app(llm, name, max_request_bytes, thread), sock, shutdown_timeout, access_log):
+                app = create_app(llm, name, max_request_bytes, thread, api_key)
+                if not run_app(app, sock, shutdown_timeout, access_log):
                     raise SpecdecError("the server did not start (see the log above)")
             finally:
                 thread.run(llm.close)
