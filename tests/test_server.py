@@ -384,6 +384,12 @@ def test_triton_generate_as_the_tutorial_sends_it(server: Server, offline: LLM) 
     assert missing.status_code == 404 and "llama" in missing.json()["error"]
     bad = httpx.post(url, content='{"text_input": "x", "sampling_param_top_p": 2}', timeout=60)
     assert bad.status_code == 400 and "top_p" in bad.json()["error"]
+    fields = {"min_p": 0.5, "seed": 7, "temperature": 1.0, "repetition_penalty": 1.3, "min_tokens": 3,
+              "presence_penalty": 0.5, "frequency_penalty": 0.2}
+    body = {"text_input": "What is ML?", "sampling_param_max_tokens": 12, "exclude_input_in_output": True,
+            **{f"sampling_param_{k}": v for k, v in fields.items()}}
+    reply = httpx.post(url, json=body, timeout=60)
+    assert reply.json()["text_output"] == offline.generate("What is ML?", SamplingParams(max_tokens=12, **fields))[0].text
 
 
 def test_triton_generate_stream_sends_each_increment(server: Server, offline: LLM) -> None:

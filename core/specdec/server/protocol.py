@@ -295,8 +295,8 @@ class ChatCompletionRequest(_OpenAIRequest):
 
 class TritonGenerateRequest(BaseModel):
     """The body of Triton's generate endpoint for the TensorRT-LLM LLM API model: ``text_input``
-    and ``sampling_param_*`` inputs. As in TensorRT-LLM, decoding is greedy unless a temperature,
-    top-k or top-p is given; the output repeats the input unless ``exclude_input_in_output``."""
+    and ``sampling_param_*`` inputs (TensorRT-LLM's ``SamplingParams`` names). As in TensorRT-LLM,
+    decoding is greedy unless a temperature, top-k or top-p is given; the output repeats the input unless ``exclude_input_in_output``."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -305,8 +305,15 @@ class TritonGenerateRequest(BaseModel):
     sampling_param_temperature: float | None = Field(default=None, ge=0.0)
     sampling_param_top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     sampling_param_top_k: int | None = Field(default=None, ge=0)
+    sampling_param_min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     sampling_param_seed: int | None = None
     sampling_param_stop: str | list[str] | None = None
+    sampling_param_include_stop_str_in_output: bool = False
+    sampling_param_stop_token_ids: list[int] | None = None
+    sampling_param_min_tokens: int | None = Field(default=None, ge=0)
+    sampling_param_repetition_penalty: float | None = Field(default=None, gt=0.0)
+    sampling_param_presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    sampling_param_frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     sampling_param_return_perf_metrics: bool = False
     exclude_input_in_output: bool = False
 
@@ -317,8 +324,15 @@ class TritonGenerateRequest(BaseModel):
             temperature=(1.0 if sampled else 0.0) if temperature is None else temperature,
             top_p=1.0 if self.sampling_param_top_p is None else self.sampling_param_top_p,
             top_k=self.sampling_param_top_k or 0,
+            min_p=self.sampling_param_min_p or 0.0,
             max_tokens=self.sampling_param_max_tokens,
             stop=self.sampling_param_stop or [],
+            include_stop_str_in_output=self.sampling_param_include_stop_str_in_output,
+            stop_token_ids=self.sampling_param_stop_token_ids or [],
+            min_tokens=self.sampling_param_min_tokens or 0,
+            repetition_penalty=self.sampling_param_repetition_penalty or 1.0,
+            presence_penalty=self.sampling_param_presence_penalty or 0.0,
+            frequency_penalty=self.sampling_param_frequency_penalty or 0.0,
             seed=self.sampling_param_seed,
         )
 
