@@ -10,7 +10,8 @@ length) through :class:`RecordedCalls`, which records the loop once per shape an
 one launch for the whole chain.
 
 ``static`` mode runs the same fixed shapes without recording them (a CPU can test them);
-``cuda_graph`` records them.
+``cuda_graph`` records them; ``emulated`` records and replays them with CUDA graph semantics on
+any device (:mod:`specdec.graph_emulation`: the tests' stand-in for a GPU).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from specdec.cuda_graphs import record_graph
+from specdec.graph_emulation import EmulatedGraph, emulate_graph
 from specdec.kv_cache import RequestKV
 from specdec.setup_time import SetupClock
 from specdec.static_forward import batch_buckets, bucket_for, key_length_buckets
@@ -35,7 +37,8 @@ logger = logging.getLogger("specdec.static_draft")
 
 class RecordedCalls:
     """Calls of a function of fixed-shape tensors: recorded once per key and replayed
-    (``cuda_graph``), or called directly (``static``).
+    (``cuda_graph``; ``emulated``, the same on any device, for tests), or called directly
+    (``static``).
 
     The function must read nothing back to the host and keep its shapes for a key; what it
     writes to buffers outside its inputs (a :class:`StaticDraftCache`) is written again by each
@@ -50,12 +53,12 @@ class RecordedCalls:
     """
 
     def __init__(self, mode: str, device: torch.device, clock: SetupClock | None = None) -> None:
-        if mode not in ("static", "cuda_graph"):
-            raise ValueError(f"mode: static or cuda_graph, not {mode!r}")
+        if mode not in ("static", "cuda_graph", "emulated"):
+            raise ValueError(f"mode: static, cuda_graph or emulated, not {mode!r}")
         self.mode = mode
         self.device = device
         self.clock = clock or SetupClock()
-        self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph, object]] = {}
+        self._recorded: dict[object, tuple[list[torch.Tensor], torch.cuda.CUDAGraph | EmulatedGraph, object]] = {}
         self._pool = None
 
     @classmethod
@@ -83,12 +86,15 @@ class RecordedCalls:
             static = [tensor.clone() for tensor in inputs]
             try:
                 with self.clock.timing():
-                    graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
+                    if self.mode == "emulated":
+                        graph, output = emulate_graph(lambda: fn(*static))
+                    else:
+                        graph, output = record_graph(lambda: fn(*static), self.device, self._pool)
             except RuntimeError as exc:
                 logger.warning("recording a drafting step as a CUDA graph failed (%s); running it unrecorded from now on", exc)
                 self.mode = "static"
                 return fn(*inputs)
-            self._pool = graph.pool()
+            self._pool = graph.pool() if self.mode == "cuda_graph" else None
             self._recorded[key] = (static, graph, output)
         static, graph, output = self._recorded[key]
         for target, tensor in zip(static, inputs, strict=True):

@@ -18,7 +18,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Rotar
 
 from specdec import LLM, SamplingParams
 from specdec.testing.conformance import fixed_draft_len, recorded_proposals, setup_seconds_by_phase
-from specdec.testing.recording import drafts_by_execution
+from specdec.testing.recording import drafts_by_execution, recording_executions
 from specdec_mtp import MTPLayer, load_mtp_layers
 from specdec_mtp.drafter import MTPResources
 
@@ -198,13 +198,12 @@ def test_a_step_in_fixed_shapes_reads_the_device_once(saved, monkeypatch: pytest
 
 
 def test_recorded_drafting_drafts_as_the_static_loop(device, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA, where a steady batch's depths are recorded as one CUDA graph (the default there)
-    and replayed, every proposal and output equals the same loop run unrecorded (``static``,
-    checked against recomputation above)."""
-    if device.type != "cuda":
-        pytest.skip("recording needs CUDA; the static loop is checked on every device above")
+    """Where a steady batch's depths are recorded as one graph (a CUDA graph on CUDA, the default
+    there; its emulation elsewhere) and replayed, every proposal and output equals the same loop
+    run unrecorded (``static``, checked against recomputation above)."""
     target = load_target(1, device, "llama")  # DeepSeek-V3's expert blocks cannot be recorded: they draft eagerly
     runs = drafts_by_execution(target.model, {"decoding_type": "MTP", "max_draft_len": 3}, target.tokenizer, MTPResources,
-                               monkeypatch, [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8, 9, 10]}])
-    assert runs["cuda_graph"][2] > 0, "nothing was recorded"
-    assert runs["cuda_graph"][:2] == runs["static"][:2]
+                               monkeypatch, [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8, 9, 10]}], recording_executions(device))
+    static, recorded = (runs[execution] for execution in recording_executions(device))
+    assert recorded[2] > 0, "nothing was recorded"
+    assert recorded[:2] == static[:2]
