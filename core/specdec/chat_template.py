@@ -18,7 +18,7 @@ TEMPLATE_CALL = frozenset({
 })
 
 
-def template_kwargs(
+def template_arguments(
     conversation: list[dict[str, Any]],
     variables: dict[str, Any] | None = None,
     tools: dict[str, Any] | None = None,

@@ -11,7 +11,7 @@ from collections import deque
 import torch
 from transformers import PreTrainedModel
 
-from specdec.chat_template import template_kwargs
+from specdec.chat_template import template_arguments
 from specdec.config import SpeculativeConfig
 from specdec.config_loader import parse_speculative_config
 from specdec.engine import Engine
@@ -224,7 +224,7 @@ class LLM:
         encoded = []
         for conversation in conversations:
             shown, tool_kwargs = use.conversation(conversation, template) if calls else (conversation, {})
-            kwargs = template_kwargs(conversation, chat_template_kwargs, tool_kwargs, add_generation_prompt,
+            kwargs = template_arguments(conversation, chat_template_kwargs, tool_kwargs, add_generation_prompt,
                                      continue_final_message)
             encoded.append(self.encode(shown, chat=True, template_kwargs=kwargs))
         outputs = self._generate(conversations, encoded, [params] * len(conversations))

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from specdec.chat_template import template_kwargs
+from specdec.chat_template import template_arguments
 from specdec.errors import ConfigError
 from specdec.logprobs import MAX_LOGPROBS
 from specdec.sampling import SamplingParams
@@ -254,11 +254,11 @@ class ChatCompletionRequest(_OpenAIRequest):
         if self.top_logprobs and not self.logprobs:
             raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
 
-    def template_kwargs(self, tools: dict[str, Any]) -> dict[str, Any]:
+    def chat_template_arguments(self, tools: dict[str, Any]) -> dict[str, Any]:
         """What ``apply_chat_template`` takes for this request, with ``tools``' arguments; a 400
         naming the field that cannot be."""
         try:
-            return template_kwargs(self.conversation(), self.chat_template_kwargs, tools, self.add_generation_prompt,
+            return template_arguments(self.conversation(), self.chat_template_kwargs, tools, self.add_generation_prompt,
                                    self.continue_final_message)
         except ConfigError as exc:
             raise from_config_error(exc, "chat_template_kwargs") from None
@@ -296,7 +296,8 @@ class ChatCompletionRequest(_OpenAIRequest):
 class TritonGenerateRequest(BaseModel):
     """The body of Triton's generate endpoint for the TensorRT-LLM LLM API model: ``text_input``
     and ``sampling_param_*`` inputs (TensorRT-LLM's ``SamplingParams`` names). As in TensorRT-LLM,
-    decoding is greedy unless a temperature, top-k or top-p is given; the output repeats the input unless ``exclude_input_in_output``."""
+    decoding is greedy unless a temperature, top-k or top-p is given; the output repeats the
+    input unless ``exclude_input_in_output``."""
 
     model_config = ConfigDict(extra="forbid")
 
