@@ -19,11 +19,14 @@ from specdec.static_cache import StaticKVCache
 from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, use_recordable_experts, width_buckets
 from specdec.testing import TinyTarget, prefilled_batch
 from specdec.testing.architectures import make_tiny_model
+from specdec.testing.recording import emulate_cuda_graphs
 
 
 @pytest.fixture
-def modes(device: torch.device) -> list[str]:
-    return ["static", "cuda_graph"] if device.type == "cuda" else ["static"]
+def modes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The static path unrecorded, and captured: as CUDA graphs on CUDA, emulated elsewhere."""
+    emulate_cuda_graphs(monkeypatch)
+    return ["static", "cuda_graph"]
 
 
 def _replay(runner: ModelRunner, cache, script: list) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ T = TypeVar("T")
 #: Operations whose result depends on the device's data on the host: a capture fails on them.
 _HOST_READS = frozenset({
     "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::unique_dim", "aten::_unique2",
-    "aten::unique_consecutive", "aten::repeat_interleave", "aten::is_nonzero", "aten::equal",
+    "aten::unique_consecutive", "aten::is_nonzero", "aten::equal",
 })
 
 #: Operations whose second argument lists index tensors, each possibly a boolean mask.
@@ -39,6 +39,9 @@ class EmulatedGraph:
 
     def __init__(self, calls: list[tuple[torch._ops.OpOverload, tuple, dict, Any, bool]]) -> None:
         self._calls = calls
+
+    def pool(self) -> None:
+        """No memory pool (a CUDA graph's ``pool()``, for code that shares one between graphs)."""
 
     def replay(self) -> None:
         for func, args, kwargs, recorded, fresh in self._calls:
@@ -66,7 +69,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.name in _HOST_READS or _indexes_by_mask(func, args):
+        if func._schema.name in _HOST_READS or _indexes_by_mask(func, args) or _counts_repeats(func, args, kwargs):
             raise RuntimeError(f"{func._schema.name} reads the device on the host: a CUDA graph cannot record it")
         result = func(*args, **kwargs)
         self.calls.append((func, args, kwargs, result, _fresh(func, (args, kwargs), result)))
@@ -77,6 +80,16 @@ def _indexes_by_mask(func: torch._ops.OpOverload, args: tuple) -> bool:
     """Indexing by a boolean mask: its result's shape is the mask's count (``nonzero`` inside)."""
     return func._schema.name in _MASK_INDEXING and any(
         isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in _tensors(args[1]))
+
+
+def _counts_repeats(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """``repeat_interleave`` by a tensor of counts, its output's length not given: it adds the
+    counts up on the host (by a number of repeats, it does not)."""
+    if func._schema.name != "aten::repeat_interleave" or kwargs.get("output_size") is not None:
+        return False
+    # The overloads: Tensor (the counts alone), self_Tensor and self_int (a tensor, then the counts).
+    repeats = args[0] if func._overloadname == "Tensor" else (args[1] if len(args) > 1 else kwargs.get("repeats"))
+    return isinstance(repeats, torch.Tensor)
 
 
 def _fresh(func: torch._ops.OpOverload, inputs: Any, result: Any) -> bool:

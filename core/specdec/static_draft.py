@@ -64,12 +64,15 @@ class RecordedCalls:
     @classmethod
     def like_target(cls, target: TargetContext, clock: SetupClock | None = None) -> RecordedCalls | None:
         """Calls that run as the target's forwards do: ``None`` where those are eager, recorded
-        where they are captured on CUDA (``cuda_graph``, ``compile``), ``static`` elsewhere."""
+        where they are captured on CUDA (``cuda_graph``, ``compile``), emulated where their
+        capture is (``cuda_graph`` off CUDA: :func:`specdec.testing.recording.emulate_cuda_graphs`),
+        ``static`` elsewhere."""
         execution = target.runner.execution
         if execution == "eager":
             return None
-        records = execution in ("cuda_graph", "compile") and target.device.type == "cuda"
-        return cls("cuda_graph" if records else "static", target.device, clock)
+        if execution in ("cuda_graph", "compile") and target.device.type == "cuda":
+            return cls("cuda_graph", target.device, clock)
+        return cls("emulated" if execution == "cuda_graph" else "static", target.device, clock)
 
     @property
     def shapes(self) -> list[object]:

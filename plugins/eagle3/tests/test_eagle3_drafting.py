@@ -16,7 +16,7 @@ from specdec.errors import SpecdecError
 from specdec.prepacked_linear import PrepackedLinear
 from specdec.testing import make_tiny_target, needs_prepacked_linears
 from specdec.testing.conformance import setup_seconds_by_phase
-from specdec.testing.recording import drafts_by_execution, recording_executions
+from specdec.testing.recording import drafts_by_execution
 from specdec_eagle3 import Eagle3Head, save_head
 from specdec_eagle3.drafter import Eagle3Resources
 
@@ -239,12 +239,11 @@ def test_a_greedy_chain_reads_the_device_once(target, fitted_dir, monkeypatch) -
 
 def test_recorded_drafting_drafts_as_the_static_loop(fitted_dir, device, monkeypatch) -> None:
     """Where the head's catch-up and chains are recorded (CUDA graphs on CUDA, the default there;
-    their emulation elsewhere) and replayed, every proposal and output equals the same loop run
+    emulated elsewhere) and replayed, every proposal and output equals the same loop run
     unrecorded (``static``, checked against recomputation above), for a batch of requests."""
     target = make_tiny_target(seed=0, device=device)
     config = {"method": "eagle3", "model": str(fitted_dir), "num_speculative_tokens": 3}
     runs = drafts_by_execution(target.model, config, target.tokenizer, Eagle3Resources, monkeypatch,
-                               [{"prompt_token_ids": target.encode(text)} for text in PROMPTS], recording_executions(device))
-    static, recorded = (runs[execution] for execution in recording_executions(device))
-    assert recorded[2] > 0, "nothing was recorded"
-    assert recorded[:2] == static[:2]
+                               [{"prompt_token_ids": target.encode(text)} for text in PROMPTS])
+    assert runs["cuda_graph"][2] > 0, "nothing was recorded"
+    assert runs["cuda_graph"][:2] == runs["static"][:2]

@@ -12,7 +12,7 @@ from medusa_tiny import fitted_heads, save_vllm
 
 from specdec import LLM, SamplingParams
 from specdec.testing import make_tiny_target
-from specdec.testing.recording import drafts_by_execution, recording_executions
+from specdec.testing.recording import drafts_by_execution
 from specdec_medusa.drafter import MedusaResources
 
 CHOICES = [[0, 0, 0], [0, 1], [1, 0], [2]]
@@ -175,7 +175,6 @@ def test_recorded_heads_draft_as_the_static_call(heads_dir, device, monkeypatch)
     target = make_tiny_target(seed=0, device=device)
     config = {"method": "medusa", "model": str(heads_dir), "medusa_choices": CHOICES}
     runs = drafts_by_execution(target.model, config, target.tokenizer, MedusaResources, monkeypatch,
-                               [{"prompt_token_ids": target.encode(text)} for text in PROMPTS], recording_executions(device))
-    static, recorded = (runs[execution] for execution in recording_executions(device))
-    assert recorded[2] > 0, "nothing was recorded"
-    assert recorded[:2] == static[:2]
+                               [{"prompt_token_ids": target.encode(text)} for text in PROMPTS])
+    assert runs["cuda_graph"][2] > 0, "nothing was recorded"
+    assert runs["cuda_graph"][:2] == runs["static"][:2]

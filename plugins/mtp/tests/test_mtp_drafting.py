@@ -18,7 +18,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Rotar
 
 from specdec import LLM, SamplingParams
 from specdec.testing.conformance import fixed_draft_len, recorded_proposals, setup_seconds_by_phase
-from specdec.testing.recording import drafts_by_execution, recording_executions
+from specdec.testing.recording import drafts_by_execution
 from specdec_mtp import MTPLayer, load_mtp_layers
 from specdec_mtp.drafter import MTPResources
 
@@ -203,7 +203,6 @@ def test_recorded_drafting_drafts_as_the_static_loop(device, monkeypatch: pytest
     run unrecorded (``static``, checked against recomputation above)."""
     target = load_target(1, device, "llama")  # DeepSeek-V3's expert blocks cannot be recorded: they draft eagerly
     runs = drafts_by_execution(target.model, {"decoding_type": "MTP", "max_draft_len": 3}, target.tokenizer, MTPResources,
-                               monkeypatch, [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8, 9, 10]}], recording_executions(device))
-    static, recorded = (runs[execution] for execution in recording_executions(device))
-    assert recorded[2] > 0, "nothing was recorded"
-    assert recorded[:2] == static[:2]
+                               monkeypatch, [{"prompt_token_ids": [5, 9, 13, 22, 5, 9]}, {"prompt_token_ids": [7, 8, 9, 10]}])
+    assert runs["cuda_graph"][2] > 0, "nothing was recorded"
+    assert runs["cuda_graph"][:2] == runs["static"][:2]
