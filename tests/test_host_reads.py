@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from specdec import LLM, SamplingParams
+from specdec.testing.recording import emulate_cuda_graphs
 
 #: The tensor methods that copy to the host.
 READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
@@ -40,10 +41,14 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     ({"method": "ngram", "num_speculative_tokens": 3}, 1.0),
     ({"method": "suffix", "num_speculative_tokens": 4}, 0.0),  # tree drafts
 ], ids=["plain", "chains", "sampled chains", "trees"])
-def test_a_step_reads_the_device_once(tiny, config, temperature, reads) -> None:
+@pytest.mark.parametrize("execution", ["auto", "cuda_graph"])
+def test_a_step_reads_the_device_once(tiny, config, temperature, execution, reads, monkeypatch) -> None:
+    """On the device's default path and on captured forwards (CUDA graphs on CUDA, emulated
+    elsewhere), the default on CUDA."""
+    emulate_cuda_graphs(monkeypatch)
     prompt = {"prompt_token_ids": tiny.encode("hello world, hello world, hello")}
     counted = {}
-    with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+    with LLM(tiny.model, config, tokenizer=tiny.tokenizer, execution=execution, max_model_len=256) as llm:
         llm.generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
         for max_tokens in (8, 40):
             reads.clear()
