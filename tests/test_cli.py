@@ -81,6 +81,19 @@ def test_generate_compare_matches_plain(tiny_dir: Path, capsys: pytest.CaptureFi
     assert line["speedup"] > 0 and line["matches_plain"] is True
 
 
+@pytest.mark.parametrize(("flags", "cached"), [([], [0, 512]), (["--no-enable-prefix-caching"], [0, 0])])
+def test_generate_reuses_a_prompt_prefill_unless_told_not_to(tiny_dir: Path, capsys: pytest.CaptureFixture[str],
+                                                            flags: list[str], cached: list[int]) -> None:
+    """The second of two 600-token prompts takes its first two blocks from the prefix cache (its
+    metrics count them), and gives the same text; ``--no-enable-prefix-caching`` turns that off."""
+    prompt = "one two three four " * 32
+    assert main(["generate", "--model", str(tiny_dir), "--dtype", "float32", "--no-chat", "--max-tokens", "8", "--json",
+                 *flags, prompt, prompt]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["metrics"]["num_cached_tokens"] for line in lines] == cached
+    assert lines[0]["text"] == lines[1]["text"]
+
+
 def test_generate_from_trtllm_yaml(tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A TensorRT-LLM style YAML file configures the method."""
     config = tmp_path / "spec.yaml"
@@ -108,6 +121,7 @@ def test_generate_from_trtllm_yaml(tiny_dir: Path, tmp_path: Path, capsys: pytes
         (["bench", "--method", "ngram", "--max-turns", "0"], "--max-turns"),
         (["generate", "--enforce-eager", "--compile", "x"], "--enforce-eager and --compile"),
         (["generate", "--max-model-len", "1", "x"], "--max-model-len"),
+        (["generate", "--prefix-cache-gib", "0", "x"], "--prefix-cache-gib"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -120,3 +120,24 @@ def test_structured_output_and_tool_calls_are_lossless(plain: LLM, method: str) 
             assert "city" in json.loads(call.tool_calls[0].arguments)
         accepted = got.metrics.num_accepted_tokens + call.metrics.num_accepted_tokens
     assert accepted > 0
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_an_agent_loop_turn_prefills_from_the_cache_and_is_lossless(plain: LLM, method: str) -> None:
+    """A conversation's second turn sends the first turn's prompt again: its whole blocks come
+    from the prefix cache, keys, values and the hidden states the drafter reads, and both turns'
+    greedy output is plain decoding's token for token."""
+    article = load_questions("spec_bench", ["summarization"], per_category=1)[0].turns[0]
+    first = [{"role": "user", "content": article}]
+    params = SamplingParams(max_tokens=24)
+    config = {"method": method, "num_speculative_tokens": 3, "adaptive_draft_len": False}
+    with LLM(plain.model, config, tokenizer=plain.tokenizer) as llm:
+        replies = []
+        for turn in range(2):
+            messages = first if turn == 0 else [*first, {"role": "assistant", "content": replies[0][1].text},
+                                                {"role": "user", "content": "Now give it a title."}]
+            replies.append((plain.chat(messages, params)[0], llm.chat(messages, params)[0]))
+    (want_first, got_first), (want_second, got_second) = replies
+    assert got_first.token_ids == want_first.token_ids and got_second.token_ids == want_second.token_ids
+    assert got_first.metrics.num_cached_tokens == 0
+    assert got_second.metrics.num_cached_tokens >= 256 and got_second.metrics.num_accepted_tokens > 0

@@ -230,20 +230,22 @@ def test_health_and_models(server: Server, echo_server: Server, tiny_dir: Path) 
 
 
 def test_trtllm_options_file_is_taken_as_it_is(small_server: Server) -> None:
-    """--extra_llm_api_options with ModelOpt's file: its speculative_config and max_batch_size are
-    used, the other keys reported once, in one warning line."""
+    """--extra_llm_api_options with ModelOpt's file: its speculative_config, max_batch_size and
+    kv_cache_config's enable_block_reuse (prefix caching) are used, the other keys reported once,
+    in one warning line."""
     log = small_server.log.read_text()
-    assert "(ngram, batch 1)" in log
+    assert "(ngram, batch 1, prefix caching off)" in log
     warnings = [line for line in log.splitlines() if "ignoring" in line]
     assert len(warnings) == 1
-    for key in ("disable_overlap_scheduler", "enable_attention_dp", "enable_autotuner", "kv_cache_config"):
+    for key in ("disable_overlap_scheduler", "enable_attention_dp", "enable_autotuner"):
         assert key in warnings[0]
-    assert "cuda_graph_config" not in warnings[0]
+    assert "cuda_graph_config" not in warnings[0] and "kv_cache_config" not in warnings[0]
 
 
 def test_trtllm_file_options_set_how_forwards_run() -> None:
-    """``cuda_graph_config: null`` turns captured forwards off, ``max_seq_len`` caps a request;
-    the command line wins over the file, and a bad value names its key."""
+    """``cuda_graph_config: null`` turns captured forwards off, ``max_seq_len`` caps a request,
+    ``kv_cache_config.enable_block_reuse`` turns prefix caching on or off (its other keys are
+    reported as ignored); the command line wins over the file, and a bad value names its key."""
     from rich.console import Console
 
     from specdec.cli.serve import _file_options
@@ -257,6 +259,14 @@ def test_trtllm_file_options_set_how_forwards_run() -> None:
     assert _file_options({"cuda_graph_config": None, "max_seq_len": 512}, given, quiet) == (None, given)
     with pytest.raises(ConfigError, match="max_seq_len: must be a whole number of at least 2"):
         _file_options({"max_seq_len": "long"}, auto, quiet)
+    reuse = {"kv_cache_config": {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.8}}
+    said = Console(file=io.StringIO(), width=200)
+    assert _file_options(reuse, auto, said) == (None, {**auto, "enable_prefix_caching": False})
+    assert "ignoring kv_cache_config options specdec does not use: free_gpu_memory_fraction" in said.file.getvalue()
+    on = {**auto, "enable_prefix_caching": True}
+    assert _file_options(reuse, on, quiet) == (None, on)
+    with pytest.raises(ConfigError, match="kv_cache_config.enable_block_reuse: must be true or false"):
+        _file_options({"kv_cache_config": {"enable_block_reuse": "yes"}}, auto, quiet)
 
 
 def test_completion_matches_offline_greedy(server: Server, offline: LLM) -> None:
@@ -448,6 +458,28 @@ def test_metrics_count_what_the_requests_report(server: Server) -> None:
         assert moved(f"vllm:{histogram}_seconds_count") == 2
     assert moved("vllm:inter_token_latency_seconds_count") > 0
     assert _total(after, "vllm:num_requests_running") == _total(after, "vllm:num_requests_waiting") == 0
+
+
+def test_a_repeated_long_prompt_is_served_from_the_prefix_cache(server: Server) -> None:
+    """The second time a 600-token prompt comes, its first two 256-token blocks come from the
+    prefix cache: OpenAI's ``usage.prompt_tokens_details.cached_tokens`` says so (whole and
+    streamed), vLLM's prefix-cache counters move by it, and the reply is the same."""
+    client = server.client()
+    prompt = "a lazy dog jumps over the red apple " * 17  # 612 characters, one token each
+    request = dict(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    before = server.metrics()
+    first = client.completions.create(**request)
+    second = client.completions.create(**request)
+    after = server.metrics()
+    assert first.usage.prompt_tokens == second.usage.prompt_tokens >= len(prompt)
+    assert (first.usage.prompt_tokens_details.cached_tokens, second.usage.prompt_tokens_details.cached_tokens) == (0, 512)
+    assert second.choices[0].text == first.choices[0].text
+    assert _total(after, "vllm:prefix_cache_hits_total") - _total(before, "vllm:prefix_cache_hits_total") == 512
+    queried = _total(after, "vllm:prefix_cache_queries_total") - _total(before, "vllm:prefix_cache_queries_total")
+    assert queried == 2 * first.usage.prompt_tokens
+    chunks = list(client.completions.create(**request, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 512
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == first.choices[0].text
 
 
 def test_concurrent_clients_each_get_their_offline_output(server: Server, offline: LLM) -> None:

@@ -26,10 +26,12 @@ from specdec.kv_cache import BatchKVCache
 from specdec.logits_processing import LogitsProcessing, VerifyRows
 from specdec.logprobs import token_logprobs
 from specdec.plugins import PluginRegistry
+from specdec.prefill import Prefill, PromptForward
+from specdec.prefix_cache import PrefixCache
 from specdec.proposal_checks import checked_proposal, described
 from specdec.requests import DraftProposal, Request, RequestDelta, VerifyResult
 from specdec.resources import TargetContext
-from specdec.runner import ModelRunner, RunnerOutput
+from specdec.runner import ModelRunner
 from specdec.sampling import PositionNoise, SamplingParams, invalid_logits, logits_to_probs
 from specdec.stopping import StopChecker, eos_token_ids
 from specdec.suffix import SuffixDrafts
@@ -37,16 +39,6 @@ from specdec.verify import target_picks
 
 T = TypeVar("T")
 logger = logging.getLogger("specdec.engine")
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptForward:
-    """A prompt's prefill forward: its output and its single-row cache, read and copied from,
-    never written, so requests with the same prompt can share it."""
-
-    prompt: list[int]
-    output: RunnerOutput
-    cache: BatchKVCache
 
 
 class Engine:
@@ -58,7 +50,8 @@ class Engine:
     :meth:`abort` ends a request and frees its cache row and drafter state at once. Every request
     keeps its own accepted count per step (ragged acceptance), stop conditions and sampling
     parameters. A request is prefilled alone (requests with the same prompt joining together share
-    one prefill forward), then its cache row joins the batch.
+    one prefill forward), then its cache row joins the batch. With a ``prefix_cache``, prefill
+    reuses the leading blocks of earlier prompts (:mod:`specdec.prefix_cache`).
 
     An exception raised by a plugin during a step ends only the requests it can be tied to
     (``finish_reason="error"``, the message in ``error``); the others go on, and the engine
@@ -73,6 +66,7 @@ class Engine:
         registry: PluginRegistry,
         max_batch_size: int = 8,
         max_queue_size: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size: must be at least 1, got {max_batch_size}")
@@ -99,6 +93,7 @@ class Engine:
         per_token = self.resource_manager is None or self.resource_manager.draft_cost_per_token
         self.policy = DraftBudget(runner, config, max_batch_size, self._sync, per_token)
         self.suffix_drafts = SuffixDrafts(config.sa_spec_threshold) if config.use_sa_spec else None
+        self.prefill = Prefill(runner, prefix_cache)
         self.waiting: deque[Request] = deque()
         #: The batch, row for row with the cache; a finished request keeps its row until the
         #: next step gives it to a newcomer or drops it.
@@ -328,8 +323,8 @@ class Engine:
         forward = previous if previous is not None and previous.prompt == request.token_ids else None
         try:
             if forward is None:
-                cache = self.runner.new_cache()
-                forward = PromptForward(list(request.token_ids), self.runner.forward(cache, request.token_ids, last_only=True), cache)
+                forward = self.prefill(request.token_ids)
+            request.metrics.num_cached_tokens = forward.cached_tokens
             request.target_output = forward.output
             logits = forward.output.logits
             self._append(request, [self._pick(logits[-1], request)], logits[-1:])

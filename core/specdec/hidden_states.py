@@ -42,3 +42,9 @@ class HiddenStates:
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> HiddenStates:
         """The same entries, each passed through ``fn`` (a row's slice, a copy)."""
         return HiddenStates({i: fn(h) for i, h in self._states.items()}, self.count)
+
+    @staticmethod
+    def concat(parts: list[HiddenStates]) -> HiddenStates:
+        """The entries of consecutive forwards (or cached blocks), joined along their positions."""
+        first = parts[0]
+        return HiddenStates({i: torch.cat([part._states[i] for part in parts]) for i in first._states}, first.count)

@@ -353,6 +353,31 @@ class BatchKVCache(DynamicCache):
         self.lengths = [length if r == row else n for r, n in enumerate(self.lengths)]
 
 
+    def entries(self, row: int, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A copy of row ``row``'s entries at positions ``start`` to ``end``, per layer: keys and
+        values ``[heads, end - start, head_dim]`` each."""
+        return [
+            (layer._key_buf[row, :, start:end].clone(), layer._value_buf[row, :, start:end].clone())
+            for layer in self.layers
+        ]
+
+    @classmethod
+    def from_entries(cls, config: PretrainedConfig, entries: list[tuple[torch.Tensor, torch.Tensor]]) -> BatchKVCache:
+        """A one-row cache holding ``entries`` (per layer, as :meth:`entries` gives them) from
+        position 0, ready for forwards that continue it."""
+        cache = cls(config, 1)
+        length = entries[0][0].shape[-2]
+        capacity = cache.capacity_for(length, 0)
+        for layer, (keys, values) in zip(cache.layers, entries, strict=True):
+            layer._grow(keys[None], values[None], capacity)
+            layer._key_buf[0, :, :length] = keys
+            layer._value_buf[0, :, :length] = values
+            layer.lazy_initialization(keys[None], values[None])
+            layer.keys, layer.values = layer._key_buf[..., :length, :], layer._value_buf[..., :length, :]
+        cache.lengths = [length]
+        return cache
+
+
 def new_kv_cache(config: PretrainedConfig, rows: int = 1) -> BatchKVCache:
     """An empty cache for ``rows`` requests."""
     return BatchKVCache(config, rows)

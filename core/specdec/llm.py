@@ -20,6 +20,7 @@ from specdec.logprobs import TokenLogprob
 from specdec.metrics import RequestMetrics, aggregate
 from specdec.models import load_model, resolve_device
 from specdec.plugins import get_registry
+from specdec.prefix_cache import PrefixCache
 from specdec.requests import Request
 from specdec.runner import ModelRunner
 from specdec.sampling import SamplingParams
@@ -70,6 +71,11 @@ class LLM:
         (``torch.compile`` of the static path) or ``static`` (see :mod:`specdec.static_forward`).
     :param max_model_len: the most positions (prompt and output) a request may hold; default the
         model's context. The captured modes reserve a KV cache this long for every batch row.
+    :param enable_prefix_caching: reuse the prefill of earlier prompts' leading blocks of
+        256 tokens (vLLM's ``enable_prefix_caching``, TensorRT-LLM's ``enable_block_reuse``;
+        :mod:`specdec.prefix_cache`): the same output, a shorter prefill.
+    :param prefix_cache_gib: the most memory the prefix cache holds, in GiB, on the model's
+        device; the least recently used blocks leave first.
 
     ``generate`` calls from several threads run one after the other (the engine is not
     thread-safe); a server drives :attr:`engine` from one thread instead.
@@ -87,7 +93,11 @@ class LLM:
         max_queue_size: int | None = 256,
         execution: str = "auto",
         max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_cache_gib: float = 1.0,
     ) -> None:
+        if not prefix_cache_gib > 0:
+            raise ConfigError(f"prefix_cache_gib: must be more than 0, got {prefix_cache_gib}")
         registry = get_registry()
         self.speculative_config = parse_speculative_config(speculative_config, registry)
         if isinstance(model, PreTrainedModel):
@@ -99,7 +109,8 @@ class LLM:
             self.runner = ModelRunner(target, execution=execution, max_model_len=max_model_len)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry, max_batch_size, max_queue_size)
+        prefix_cache = PrefixCache(int(prefix_cache_gib * 2**30)) if enable_prefix_caching else None
+        self.engine = Engine(self.runner, tokenizer, self.speculative_config, registry, max_batch_size, max_queue_size, prefix_cache)
         self._history: list[RequestMetrics] = []
         self._lock = threading.Lock()
 

@@ -30,6 +30,8 @@ class RequestMetrics:
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
     num_lossy_accepted_tokens: int = 0
     num_output_tokens: int = 0
+    #: Prompt tokens whose prefill came from the prefix cache (vLLM's ``num_cached_tokens``).
+    num_cached_tokens: int = 0
     num_steps: int = 0
     time_prefill: float = 0.0
     time_draft: float = 0.0

@@ -67,8 +67,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
     if "eager" in baselines and plain.runner.execution == "eager":
         console.print("[yellow]plain decoding already runs eagerly here; skipping the eager baseline[/]")
     elif "eager" in baselines:
-        eager = LLM(plain.model, None, tokenizer=plain.tokenizer, max_batch_size=batch_size, execution="eager",
-                    max_model_len=runtime["max_model_len"])
+        eager = LLM(plain.model, None, tokenizer=plain.tokenizer, max_batch_size=batch_size, **{**runtime, "execution": "eager"})
     hf = hf_static = None
     if baselines & {"hf", "hf-static"} and batch_size > 1:
         console.print("[yellow]transformers' assisted generation decodes one sequence at a time; skipping the hf baselines at --batch-size above 1[/]")
@@ -117,6 +116,7 @@ def bench(config_file, method, max_draft_len, speculative_model, settings, model
             "threads": torch.get_num_threads(),
             "prepacked_linears": plain.runner.prepacked_linears,
             "execution": plain.runner.execution,
+            "prefix_caching": plain.engine.prefill.prefix_cache is not None,
             "static_memory": spec.runner.static_memory,
             "batch_size": batch_size,
             "repeats": repeats,

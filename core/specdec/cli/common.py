@@ -15,21 +15,32 @@ from specdec.sampling import SamplingParams
 
 
 def model_options(command: Any) -> Any:
-    """``--model``, ``--dtype``, ``--device``, and how forwards run (``--enforce-eager``,
-    ``--compile``, ``--max-model-len``), which reach the command as one ``runtime`` dict of
-    :class:`~specdec.LLM` keyword arguments."""
+    """``--model``, ``--dtype``, ``--device``, how forwards run (``--enforce-eager``,
+    ``--compile``, ``--max-model-len``) and prefix caching, which reach the command as one
+    ``runtime`` dict of :class:`~specdec.LLM` keyword arguments (prefix caching's only when given
+    on the command line)."""
 
-    def with_runtime(*args: Any, enforce_eager: bool, compile_static: bool, max_model_len: int | None, **kwargs: Any) -> Any:
+    def with_runtime(*args: Any, enforce_eager: bool, compile_static: bool, max_model_len: int | None,
+                     enable_prefix_caching: bool | None, prefix_cache_gib: float | None, **kwargs: Any) -> Any:
         if enforce_eager and compile_static:
             raise ConfigError("--enforce-eager and --compile exclude each other")
         execution = "eager" if enforce_eager else "compile" if compile_static else "auto"
-        return command(*args, runtime={"execution": execution, "max_model_len": max_model_len}, **kwargs)
+        runtime: dict[str, Any] = {"execution": execution, "max_model_len": max_model_len}
+        if enable_prefix_caching is not None:
+            runtime["enable_prefix_caching"] = enable_prefix_caching
+        if prefix_cache_gib is not None:
+            runtime["prefix_cache_gib"] = prefix_cache_gib
+        return command(*args, runtime=runtime, **kwargs)
 
     # Not functools.wraps: click passes a callback only the parameters its signature names, and
     # would read the command's own (through ``__wrapped__``), which has ``runtime`` instead.
     with_runtime.__name__, with_runtime.__doc__ = command.__name__, command.__doc__
     with_runtime.__click_params__ = getattr(command, "__click_params__", [])
     func = with_runtime
+    func = click.option("--prefix-cache-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+                        help="Most memory the prefix cache holds, in GiB [default: 1].")(func)
+    func = click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
+                        help="Reuse the prefill of earlier prompts' leading 256-token blocks [default: on].")(func)
     func = click.option("--max-model-len", type=click.IntRange(min=2), default=None,
                         help="Most tokens (prompt and output) per request (default: the model's context).")(func)
     func = click.option("--compile", "compile_static", is_flag=True,

@@ -21,7 +21,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 #: Modules of the ``serve`` extra.
 _SERVE_MODULES = {"fastapi", "starlette", "uvicorn", "prometheus_client"}
 #: Options of a TensorRT-LLM LLM API file that ``serve`` honours; the others are reported as ignored.
-_HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len")
+_HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len", "kv_cache_config")
 
 
 @click.command()
@@ -84,7 +84,8 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
                     _warm_up(llm, thread, err)
                 name = served_model_name or _default_name(model)
                 url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
-                err.print(f"serving {name} ({llm.method}, batch {llm.engine.max_batch_size}) at {url}: "
+                caching = "on" if llm.engine.prefill.prefix_cache is not None else "off"
+                err.print(f"serving {name} ({llm.method}, batch {llm.engine.max_batch_size}, prefix caching {caching}) at {url}: "
                           f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics"
                           + (" (API key required)" if api_key else ""))
                 _log_to(err)
@@ -115,7 +116,8 @@ def _file_options(options: dict[str, Any], runtime: dict[str, Any], err: Console
     """The LLM API file's ``max_batch_size``, and ``runtime`` with what the file says of it
     (options given on the command line win): ``cuda_graph_config: null`` runs forwards eagerly
     (a mapping keeps them captured on CUDA, its fields aside), ``max_seq_len`` caps the tokens of
-    a request. Other options are reported, once, as ignored."""
+    a request, ``kv_cache_config``'s ``enable_block_reuse`` turns prefix caching on or off. Other
+    options are reported, once, as ignored."""
     ignored = sorted(key for key in options if key not in _HONOURED_OPTIONS)
     if ignored:
         err.print(f"warning: ignoring LLM API options specdec does not use: {', '.join(ignored)}")
@@ -124,6 +126,17 @@ def _file_options(options: dict[str, Any], runtime: dict[str, Any], err: Console
         runtime["execution"] = "eager"
     if options.get("max_seq_len") is not None and runtime["max_model_len"] is None:
         runtime["max_model_len"] = _whole_number(options, "max_seq_len", minimum=2)
+    kv_cache = options.get("kv_cache_config") or {}
+    if not isinstance(kv_cache, dict):
+        raise ConfigError(f"kv_cache_config: must be a mapping, got {kv_cache!r}")
+    ignored = sorted(key for key in kv_cache if key != "enable_block_reuse")
+    if ignored:
+        err.print(f"warning: ignoring kv_cache_config options specdec does not use: {', '.join(ignored)}")
+    reuse = kv_cache.get("enable_block_reuse")
+    if reuse is not None and "enable_prefix_caching" not in runtime:
+        if not isinstance(reuse, bool):
+            raise ConfigError(f"kv_cache_config.enable_block_reuse: must be true or false, got {reuse!r}")
+        runtime["enable_prefix_caching"] = reuse
     return _whole_number(options, "max_batch_size", minimum=1), runtime
 
 

@@ -73,6 +73,8 @@ class ServerMetrics:
         )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled.")
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.prefix_cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting for a place in the batch.")
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time from arrival to the first token.", _TTFT_BUCKETS)
@@ -87,6 +89,8 @@ class ServerMetrics:
             if tracker.last_token is None:
                 self.ttft.observe(now - tracker.arrival)
                 self.prompt_tokens.inc(delta.num_prompt_tokens)
+                self.prefix_cache_queries.inc(delta.num_prompt_tokens)
+                self.prefix_cache_hits.inc(delta.metrics.num_cached_tokens)
             else:
                 self.itl.observe(now - tracker.last_token)
             tracker.last_token = now

@@ -44,9 +44,10 @@ class _Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices, **extra}
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """OpenAI's ``usage``; ``cached_tokens`` of the prompt came from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def openai_router(state: ServerState) -> APIRouter:
@@ -124,7 +125,8 @@ def openai_router(state: ServerState) -> APIRouter:
 def _totals(outcomes: list[Outcome], return_perf_metrics: bool) -> dict[str, Any]:
     """``usage`` over every choice (the prompt counted once, as OpenAI does) and, when asked for,
     the speculation metrics of all choices together."""
-    extra: dict[str, Any] = {"usage": _usage(outcomes[0].num_prompt_tokens, sum(o.num_output_tokens for o in outcomes))}
+    usage = _usage(outcomes[0].num_prompt_tokens, sum(o.num_output_tokens for o in outcomes), outcomes[0].metrics.num_cached_tokens)
+    extra: dict[str, Any] = {"usage": usage}
     if return_perf_metrics:
         extra["perf_metrics"] = perf_metrics(aggregate(o.metrics for o in outcomes))
     return extra
@@ -140,11 +142,11 @@ async def _events(streams: list[RequestStream], reply: _Reply, obj: str, choice:
     # Log-probabilities of tokens whose text is held back (a possible stop string) wait for the
     # choice's next chunk.
     pending: dict[int, list[TokenLogprob]] = {}
-    num_output_tokens, num_prompt_tokens = 0, 0
+    num_output_tokens, num_prompt_tokens, num_cached_tokens = 0, 0, 0
     try:
         async for index, delta in merged(streams):
             num_output_tokens += len(delta.new_token_ids)
-            num_prompt_tokens = delta.num_prompt_tokens
+            num_prompt_tokens, num_cached_tokens = delta.num_prompt_tokens, delta.metrics.num_cached_tokens
             error = failure(delta)
             if error is not None:
                 yield event(error.openai_body())
@@ -162,7 +164,7 @@ async def _events(streams: list[RequestStream], reply: _Reply, obj: str, choice:
             yield event(chunk)
         else:
             if include_usage:
-                yield event(reply.body(obj, [], usage=_usage(num_prompt_tokens, num_output_tokens)))
+                yield event(reply.body(obj, [], usage=_usage(num_prompt_tokens, num_output_tokens, num_cached_tokens)))
     except EngineFailure as exc:
         yield event(APIError(500, str(exc)).openai_body())
     yield event("[DONE]")
