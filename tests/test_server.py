@@ -482,6 +482,36 @@ def test_a_repeated_long_prompt_is_served_from_the_prefix_cache(server: Server) 
     assert "".join(c.choices[0].text for c in chunks if c.choices) == first.choices[0].text
 
 
+def test_tokenize_and_detokenize_as_vllm(server: Server, offline: LLM) -> None:
+    """vLLM's /tokenize gives the ids a completion or a chat completion prefills (counted, with
+    the context length, and the token strings when asked), /detokenize their text; bad input is a
+    400 naming the field, another model a 404."""
+    url, text = server.url, "hello world"
+    whole = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": text, "return_token_strs": True}).json()
+    assert whole["tokens"] == offline.encode(text) and whole["count"] == len(whole["tokens"])
+    assert whole["max_model_len"] == offline.runner.max_length
+    assert whole["token_strs"] == offline.tokenizer.convert_ids_to_tokens(whole["tokens"])
+    bare = httpx.post(f"{url}/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    assert bare["tokens"] == offline.tokenizer(text, add_special_tokens=False)["input_ids"] and bare["token_strs"] is None
+    messages = [{"role": "user", "content": text}]
+    chat = httpx.post(f"{url}/tokenize", json={"model": MODEL, "messages": messages}).json()
+    assert chat["tokens"] == offline.encode(messages, chat=True)
+    reply = server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert reply.usage.prompt_tokens == chat["count"]  # what the chat completion prefilled
+    back = httpx.post(f"{url}/detokenize", json={"model": MODEL, "tokens": whole["tokens"]})
+    assert back.status_code == 200 and back.json() == {"prompt": offline.tokenizer.decode(whole["tokens"])}
+    for path, body, status, param in [
+        ("/tokenize", {"prompt": 3}, 400, "prompt"),
+        ("/tokenize", {"messages": []}, 400, "messages"),
+        ("/tokenize", {"model": "other", "prompt": text}, 404, "model"),
+        ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+        ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
+    ]:
+        answer = httpx.post(f"{url}{path}", json=body)
+        assert answer.status_code == status and answer.json()["error"]["param"] == param, (path, body, answer.text)
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
 def test_concurrent_clients_each_get_their_offline_output(server: Server, offline: LLM) -> None:
     """32 clients at once (4x the batch): every reply completes and equals its prompt decoded
     offline and alone."""
@@ -653,7 +683,7 @@ def test_tool_calls_named_required_and_auto_whole_and_streamed(json_server: Serv
 
 
 def test_an_api_key_guards_the_api_routes_only(json_server: Server) -> None:
-    """With --api-key, the OpenAI and Triton model routes answer 401 (in their API's error shape)
+    """With --api-key, the OpenAI, tokenizer and Triton model routes answer 401 (in their API's error shape)
     to a request without the key or with another; the key admits it; /health and /metrics stay
     open."""
     messages = [{"role": "user", "content": "hi"}]
@@ -669,6 +699,8 @@ def test_an_api_key_guards_the_api_routes_only(json_server: Server) -> None:
     assert httpx.get(f"{json_server.url}/health").status_code == 200
     assert httpx.get(f"{json_server.url}/metrics").status_code == 200
     assert httpx.get(f"{json_server.url}/v1/models").status_code == 401
+    assert httpx.post(f"{json_server.url}/tokenize", json={"prompt": "hi"}).status_code == 401
+    assert json_server.post("/tokenize", {"prompt": "hi"}).status_code == 200
     assert json_server.client().models.list().data[0].id == MODEL
     assert json_server.post(f"/v2/models/{MODEL}/generate", {"text_input": "hi"}).status_code == 200
 

@@ -1,7 +1,7 @@
 """An ASGI middleware that admits API requests only with the server's key (``specdec serve
 --api-key``, vLLM's option): ``Authorization: Bearer KEY``, which OpenAI's clients send from
-their ``api_key``. The OpenAI routes (``/v1/...``) and Triton's model routes
-(``/v2/models/...``) need it; ``/health``, ``/metrics`` and Triton's readiness stay open, for
+their ``api_key``. The OpenAI routes (``/v1/...``), vLLM's ``/tokenize`` and ``/detokenize``
+and Triton's model routes (``/v2/models/...``) need it; ``/health``, ``/metrics`` and Triton's readiness stay open, for
 load balancers and scrapers. A request without the key gets a 401 in its API's error shape."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specdec.server.errors import APIError, error_response
 
 #: Path prefixes that need the key.
-PROTECTED = ("/v1/", "/v2/models/")
+PROTECTED = ("/v1/", "/v2/models/", "/tokenize", "/detokenize")
 
 
 class ApiKeyCheck:

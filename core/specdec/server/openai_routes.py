@@ -93,9 +93,7 @@ def openai_router(state: ServerState) -> APIRouter:
         body: ChatCompletionRequest = parse(ChatCompletionRequest, await request.body())
         state.check_model(body.model)
         body.check_supported()
-        tools = body.tool_use()
-        messages, tool_kwargs = tools.conversation(body.conversation(), getattr(state.llm.tokenizer, "chat_template", None))
-        prompt_ids = state.encode(messages, chat=True, param="messages", template_kwargs=body.chat_template_arguments(tool_kwargs))
+        prompt_ids, tools = state.encode_conversation(body)
         max_tokens = body.max_completion_tokens or body.max_tokens or max(state.max_length - len(prompt_ids), 1)
         params = [body.sampling_params(max_tokens, i) for i in range(body.num_choices)]
         streams = await submit_all(state.engine, prompt_ids, params, "messages")

@@ -233,26 +233,21 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(_OpenAIRequest):
+class ChatInput(BaseModel):
+    """A conversation as the chat template takes it: the messages, the tools and vLLM's chat
+    template options (extra template variables such as ``enable_thinking``, and continuing the
+    last, assistant, message instead of opening a new turn)."""
+
+    model_config = ConfigDict(extra="allow")
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     #: OpenAI's function tools (:mod:`specdec.tools`); ``parallel_tool_calls`` is accepted, not enforced.
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    #: vLLM's chat template options: extra template variables (``enable_thinking`` and the like),
-    #: and continuing the last (assistant) message instead of opening a new turn.
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-
-    def check_supported(self) -> None:
-        super().check_supported()
-        if self.top_logprobs and not self.logprobs:
-            raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
 
     def chat_template_arguments(self, tools: dict[str, Any]) -> dict[str, Any]:
         """What ``apply_chat_template`` takes for this request, with ``tools``' arguments; a 400
@@ -263,23 +258,12 @@ class ChatCompletionRequest(_OpenAIRequest):
         except ConfigError as exc:
             raise from_config_error(exc, "chat_template_kwargs") from None
 
-    def logprobs_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
     def tool_use(self) -> ToolUse:
         """What ``tools`` and ``tool_choice`` ask for; a 400 naming the field that cannot be."""
         try:
             return tool_use(self.tools, self.tool_choice)
         except ConfigError as exc:
             raise from_config_error(exc, "tools") from None
-
-    def structured(self) -> StructuredOutputsParams | None:
-        constraint = super().structured()
-        tools = self.tool_use().constraint()
-        if tools is not None and constraint is not None:
-            raise APIError(400, "tool_choice: a required or named tool call cannot be combined with another "
-                                "structured-output constraint", "tool_choice")
-        return tools or constraint
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as the chat template takes them, with tool calls and results."""
@@ -291,6 +275,56 @@ class ChatCompletionRequest(_OpenAIRequest):
                     message[name] = m.model_extra[name]
             out.append(message)
         return out
+
+
+class ChatCompletionRequest(_OpenAIRequest, ChatInput):
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs and not self.logprobs:
+            raise APIError(400, "top_logprobs: requires logprobs to be true", "top_logprobs")
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        constraint = super().structured()
+        tools = self.tool_use().constraint()
+        if tools is not None and constraint is not None:
+            raise APIError(400, "tool_choice: a required or named tool call cannot be combined with another "
+                                "structured-output constraint", "tool_choice")
+        return tools or constraint
+
+
+class TokenizeCompletionRequest(BaseModel):
+    """vLLM's ``/tokenize`` body for a text prompt."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(ChatInput):
+    """vLLM's ``/tokenize`` body for a conversation: the prompt a chat completion would prefill."""
+
+    model: str | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``/detokenize`` body."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    tokens: list[int]
 
 
 class TritonGenerateRequest(BaseModel):

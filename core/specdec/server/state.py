@@ -12,6 +12,8 @@ from specdec.llm import LLM
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.errors import APIError
 from specdec.server.metrics import ServerMetrics
+from specdec.server.protocol import ChatInput
+from specdec.tools import ToolUse
 
 
 @dataclass
@@ -44,3 +46,16 @@ class ServerState:
             raise APIError(400, str(exc), param) from None
         except (ValueError, TypeError, TemplateError) as exc:  # the chat template refused the messages
             raise APIError(400, f"{param}: {exc}", param) from None
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text prompt as the tokenizer gives them (``add_special_tokens``: a BOS and
+        whatever else the tokenizer adds, as a completion's prompt gets)."""
+        return list(self.llm.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def encode_conversation(self, body: ChatInput) -> tuple[list[int], ToolUse]:
+        """The token ids a chat request prefills (its messages, tools and template options through
+        the chat template), and what it asks of tools; a 400 naming the field that cannot be."""
+        tools = body.tool_use()
+        messages, tool_kwargs = tools.conversation(body.conversation(), getattr(self.llm.tokenizer, "chat_template", None))
+        ids = self.encode(messages, chat=True, param="messages", template_kwargs=body.chat_template_arguments(tool_kwargs))
+        return ids, tools
