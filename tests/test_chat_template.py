@@ -54,3 +54,26 @@ def test_settings_that_cannot_be_name_their_field(llm, kwargs, message) -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": last, "content": "hello"}]
     with pytest.raises(ConfigError, match=message):
         llm.chat(messages, ONE_TOKEN, **kwargs)
+
+
+def test_a_chat_template_given_replaces_the_tokenizers(tiny, tmp_path) -> None:
+    """vLLM's ``--chat-template``: a template given as text or as a file renders every chat in
+    place of the tokenizer's, which stays as it was."""
+    path = tmp_path / "template.jinja"
+    path.write_text(GREETING_TEMPLATE)
+    before = tiny.tokenizer.chat_template
+    messages = [{"role": "user", "content": "hi"}]
+    for given in (GREETING_TEMPLATE, str(path)):
+        with LLM(tiny.model, None, tokenizer=tiny.tokenizer, chat_template=given) as llm:
+            assert llm.chat_template == GREETING_TEMPLATE
+            assert _prompt(llm, messages, chat_template_kwargs={"greeting": "hello"}) == "hello\nuser: hi\nassistant: "
+    assert tiny.tokenizer.chat_template == before
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("no-such-template.jinja", "is neither a file nor a Jinja template"),
+    ("{% for m in messages %}", "chat_template: line 1"),
+])
+def test_a_chat_template_that_cannot_be_is_refused_before_loading(tiny, given: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        LLM(tiny.model, None, tokenizer=tiny.tokenizer, chat_template=given)

@@ -122,6 +122,7 @@ def test_generate_from_trtllm_yaml(tiny_dir: Path, tmp_path: Path, capsys: pytes
         (["generate", "--enforce-eager", "--compile", "x"], "--enforce-eager and --compile"),
         (["generate", "--max-model-len", "1", "x"], "--max-model-len"),
         (["generate", "--prefix-cache-gib", "0", "x"], "--prefix-cache-gib"),
+        (["generate", "--chat-template", "nosuch.jinja", "x"], "chat_template"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -138,6 +138,9 @@ kv_cache_config:
     enable_block_reuse: false
 """
 
+#: The small server's --chat-template (a file).
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
 #: The json server's --api-key (given as SPECDEC_API_KEY).
 API_KEY = "sk-specdec-test"
 
@@ -162,6 +165,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_
     plain_costs = ["--set", "adaptive_draft_len=false"]  # no cost measurements to wait for
     trtllm_options = logs / "extra-llm-api-config.yml"
     trtllm_options.write_text(TRTLLM_OPTIONS)
+    template = logs / "template.jinja"
+    template.write_text(PLAIN_TEMPLATE)
     started = {
         "main": Server(logs / "main.log", [*model, "--method", "ngram", "--max-draft-len", "3", *plain_costs,
                                              "--served-model-name", "tensorrt_llm", "--max-request-bytes", "65536"]),
@@ -169,8 +174,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path, tiny_json_
                                              "--set", f"fail_on_token={fail_token[0]}"],
                        env=plugins_env),
         "small": Server(logs / "small.log", [*model, "--extra_llm_api_options", str(trtllm_options),
-                                               "--max-queue-size", "1", "--shutdown-timeout", "1"]),
-        "json": Server(logs / "json.log", ["--model", str(tiny_json_dir), "--method", "ngram", *plain_costs, "--served-model-name", MODEL],
+                                               "--max-queue-size", "1", "--shutdown-timeout", "1",
+                                               "--chat-template", str(template)]),
+        "json": Server(logs / "json.log", ["--model", str(tiny_json_dir), "--method", "ngram", *plain_costs, "--served-model-name", MODEL,
+                                           "--reasoning-parser", "qwen3"],
                        api_key=API_KEY),
     }
     try:
@@ -682,6 +689,25 @@ def test_tool_calls_named_required_and_auto_whole_and_streamed(json_server: Serv
         assert isinstance(json.loads(content), dict)
 
 
+def test_reasoning_comes_apart_from_the_content_whole_and_streamed(json_server: Server) -> None:
+    """``--reasoning-parser qwen3``: a reply that opens with ``<think>`` gives its thoughts as
+    ``reasoning`` (and vLLM's former ``reasoning_content``), the rest as ``content``, whole and
+    streamed alike; a reply without them is all content."""
+    client = json_server.client(api_key=API_KEY)
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "think"}], max_tokens=40, temperature=0,
+                extra_body={"guided_regex": "<think>[a-z]{3,8}</think>[a-z]{2,6}"})
+    whole = client.chat.completions.create(**chat).choices[0].message
+    thought, answer = whole.model_extra["reasoning"], whole.content
+    assert 3 <= len(thought) <= 8 and 2 <= len(answer) <= 6 and thought.isalpha() and answer.isalpha()
+    assert whole.model_extra["reasoning_content"] == thought
+    chunks = list(client.chat.completions.create(**chat, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == thought
+    assert "".join(d.content or "" for d in deltas) == answer
+    plain = client.chat.completions.create(**{**chat, "extra_body": {"guided_regex": "[a-z]{4}"}}).choices[0].message
+    assert len(plain.content) == 4 and "reasoning" not in (plain.model_extra or {})
+
+
 def test_an_api_key_guards_the_api_routes_only(json_server: Server) -> None:
     """With --api-key, the OpenAI, tokenizer and Triton model routes answer 401 (in their API's error shape)
     to a request without the key or with another; the key admits it; /health and /metrics stay
@@ -787,6 +813,16 @@ def test_a_failing_drafter_fails_only_its_request(echo_server: Server, offline: 
     assert results[BESIDE[0]] == _greedy(offline, BESIDE[0], 12)
     metrics = echo_server.metrics()
     assert _total(metrics, "vllm:request_success_total", finished_reason="error") == 2
+
+
+def test_a_chat_template_file_renders_the_chats(small_server: Server, offline: LLM) -> None:
+    """``--chat-template FILE`` replaces the tokenizer's template for chat completions and
+    ``/tokenize``."""
+    messages = [{"role": "user", "content": "hi"}]
+    tokens = small_server.post("/tokenize", {"messages": messages}).json()["tokens"]
+    assert offline.tokenizer.decode(tokens) == "user: hi\nassistant:"
+    reply = small_server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert reply.usage.prompt_tokens == len(tokens)
 
 
 def test_a_full_queue_is_refused_at_once(small_server: Server) -> None:

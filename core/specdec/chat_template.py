@@ -1,11 +1,15 @@
 """The keyword arguments a conversation's chat template is applied with, as vLLM takes them:
 template variables (``chat_template_kwargs``, such as ``enable_thinking``), whether to open the
 assistant's turn (``add_generation_prompt``) or continue the last message instead
-(``continue_final_message``), and the tools the template shows."""
+(``continue_final_message``), and the tools the template shows; and a template that replaces the
+tokenizer's (vLLM's ``--chat-template``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from jinja2 import Environment, TemplateSyntaxError
 
 from specdec.errors import ConfigError
 
@@ -39,3 +43,22 @@ def template_arguments(
             raise ConfigError("continue_final_message: the last message must be the assistant's")
     return {**(variables or {}), **(tools or {}), "add_generation_prompt": add_generation_prompt,
             "continue_final_message": continue_final_message}
+
+
+def load_chat_template(value: str) -> str:
+    """A chat template given as vLLM's ``--chat-template`` takes it: the path of a Jinja file, or
+    the template itself; a ``ConfigError`` naming ``chat_template`` if it is neither or does not
+    parse."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        template = path.read_text()
+    elif "{" in value:
+        template = value
+    else:
+        raise ConfigError(f"chat_template: {value!r} is neither a file nor a Jinja template")
+    try:
+        # The extensions transformers renders chat templates with.
+        Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except TemplateSyntaxError as exc:
+        raise ConfigError(f"chat_template: line {exc.lineno}: {exc.message}") from None
+    return template

@@ -11,7 +11,7 @@ from collections import deque
 import torch
 from transformers import PreTrainedModel
 
-from specdec.chat_template import template_arguments
+from specdec.chat_template import load_chat_template, template_arguments
 from specdec.config import SpeculativeConfig
 from specdec.config_loader import parse_speculative_config
 from specdec.engine import Engine
@@ -76,6 +76,9 @@ class LLM:
         :mod:`specdec.prefix_cache`): the same output, a shorter prefill.
     :param prefix_cache_gib: the most memory the prefix cache holds, in GiB, on the model's
         device; the least recently used blocks leave first.
+    :param chat_template: a Jinja chat template (or the path of one) used in place of the
+        tokenizer's, for chats, the server's chat completions and ``/tokenize`` (vLLM's
+        ``--chat-template``).
 
     ``generate`` calls from several threads run one after the other (the engine is not
     thread-safe); a server drives :attr:`engine` from one thread instead.
@@ -95,9 +98,11 @@ class LLM:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         prefix_cache_gib: float = 1.0,
+        chat_template: str | None = None,
     ) -> None:
         if not prefix_cache_gib > 0:
             raise ConfigError(f"prefix_cache_gib: must be more than 0, got {prefix_cache_gib}")
+        self._chat_template = load_chat_template(chat_template) if chat_template is not None else None
         registry = get_registry()
         self.speculative_config = parse_speculative_config(speculative_config, registry)
         if isinstance(model, PreTrainedModel):
@@ -119,6 +124,11 @@ class LLM:
         return self.runner.model
 
     @property
+    def chat_template(self) -> str | None:
+        """The chat template conversations are rendered with: the one given, else the tokenizer's."""
+        return self._chat_template or getattr(self.tokenizer, "chat_template", None)
+
+    @property
     def method(self) -> str:
         return self.engine.method.name
 
@@ -137,10 +147,10 @@ class LLM:
         if isinstance(prompt, str) and not chat:
             return self.tokenizer(prompt)["input_ids"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise ConfigError("prompt: this model's tokenizer has no chat template; use --no-chat")
+        if not self.chat_template:
+            raise ConfigError("prompt: this model's tokenizer has no chat template; give one (--chat-template) or use --no-chat")
         kwargs = {"add_generation_prompt": True, **(template_kwargs or {})}
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, **kwargs)
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, chat_template=self.chat_template, **kwargs)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def generate(
@@ -231,7 +241,7 @@ class LLM:
             if params.structured_outputs is not None:
                 raise ConfigError("tool_choice: a required or named tool call cannot be combined with structured_outputs")
             params = params.model_copy(update={"structured_outputs": constraint})
-        template = getattr(self.tokenizer, "chat_template", None)
+        template = self.chat_template
         encoded = []
         for conversation in conversations:
             shown, tool_kwargs = use.conversation(conversation, template) if calls else (conversation, {})

@@ -57,7 +57,7 @@ class Question:
         """The prompt's token ids for a conversation, with this question's tools offered."""
         if self.tools is None:
             return llm.encode(messages, chat=True)
-        shown, template_kwargs = self.tools.conversation(messages, getattr(llm.tokenizer, "chat_template", None))
+        shown, template_kwargs = self.tools.conversation(messages, llm.chat_template)
         return llm.encode(shown, chat=True, template_kwargs=template_kwargs)
 
 

@@ -16,12 +16,13 @@ from specdec.sampling import SamplingParams
 
 def model_options(command: Any) -> Any:
     """``--model``, ``--dtype``, ``--device``, how forwards run (``--enforce-eager``,
-    ``--compile``, ``--max-model-len``) and prefix caching, which reach the command as one
-    ``runtime`` dict of :class:`~specdec.LLM` keyword arguments (prefix caching's only when given
-    on the command line)."""
+    ``--compile``, ``--max-model-len``), prefix caching and ``--chat-template``, which reach the
+    command as one ``runtime`` dict of :class:`~specdec.LLM` keyword arguments (the last three
+    only when given on the command line)."""
 
     def with_runtime(*args: Any, enforce_eager: bool, compile_static: bool, max_model_len: int | None,
-                     enable_prefix_caching: bool | None, prefix_cache_gib: float | None, **kwargs: Any) -> Any:
+                     enable_prefix_caching: bool | None, prefix_cache_gib: float | None, chat_template: str | None,
+                     **kwargs: Any) -> Any:
         if enforce_eager and compile_static:
             raise ConfigError("--enforce-eager and --compile exclude each other")
         execution = "eager" if enforce_eager else "compile" if compile_static else "auto"
@@ -30,6 +31,8 @@ def model_options(command: Any) -> Any:
             runtime["enable_prefix_caching"] = enable_prefix_caching
         if prefix_cache_gib is not None:
             runtime["prefix_cache_gib"] = prefix_cache_gib
+        if chat_template is not None:
+            runtime["chat_template"] = chat_template
         return command(*args, runtime=runtime, **kwargs)
 
     # Not functools.wraps: click passes a callback only the parameters its signature names, and
@@ -37,6 +40,8 @@ def model_options(command: Any) -> Any:
     with_runtime.__name__, with_runtime.__doc__ = command.__name__, command.__doc__
     with_runtime.__click_params__ = getattr(command, "__click_params__", [])
     func = with_runtime
+    func = click.option("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                        help="A Jinja chat template, or its file, in place of the tokenizer's.")(func)
     func = click.option("--prefix-cache-gib", type=click.FloatRange(min=0, min_open=True), default=None,
                         help="Most memory the prefix cache holds, in GiB [default: 1].")(func)
     func = click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,

@@ -14,6 +14,7 @@ from specdec.cli.common import build_config, method_options, model_options, quie
 from specdec.config_loader import split_llm_api_options
 from specdec.errors import ConfigError, SpecdecError
 from specdec.llm import LLM
+from specdec.reasoning import PARSERS, ReasoningParser
 from specdec.server.engine_thread import EngineThread
 
 #: The served name of the embedded default model.
@@ -43,17 +44,20 @@ _HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len", "kv_c
               help="Measure step costs at batch sizes 1, 2, 4, ... and the largest before serving "
                    "(else a forward width at a time in idle moments while serving).")
 @click.option("--access-log", is_flag=True, help="Log every request (uvicorn's access log).")
+@click.option("--reasoning-parser", type=click.Choice(sorted(PARSERS)), default=None,
+              help="Give chat replies' <think> reasoning apart from their content (vLLM's parsers).")
 @click.option("--api-key", envvar="SPECDEC_API_KEY", default=None, show_envvar=True,
-              help="Admit /v1 and /v2/models requests only with 'Authorization: Bearer KEY' (the OpenAI "
-                   "clients' api_key); /health and /metrics stay open.")
+              help="Admit /v1, /tokenize, /detokenize and /v2/models requests only with 'Authorization: Bearer KEY' "
+                   "(the OpenAI clients' api_key); /health and /metrics stay open.")
 def serve(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, host, port,
           max_batch_size, max_queue_size, served_model_name, max_request_bytes, shutdown_timeout, warmup,
-          access_log, api_key) -> None:
-    """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, Triton
-    /v2/models/NAME/generate, /health and Prometheus /metrics.
+          access_log, reasoning_parser, api_key) -> None:
+    """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, vLLM's
+    /tokenize and /detokenize, Triton /v2/models/NAME/generate, /health and Prometheus /metrics.
 
     --extra_llm_api_options takes trtllm-serve's YAML file as it is: its speculative_config,
-    max_batch_size, max_seq_len and cuda_graph_config are used, other keys are reported as ignored.
+    max_batch_size, max_seq_len, cuda_graph_config and kv_cache_config.enable_block_reuse are
+    used, other keys are reported as ignored.
     """
     try:
         from specdec.server.app import create_app
@@ -89,7 +93,8 @@ def serve(model, dtype, device, runtime, config_file, method, max_draft_len, spe
                           f"/v1/completions, /v1/chat/completions, /v2/models/{name}/generate, /metrics"
                           + (" (API key required)" if api_key else ""))
                 _log_to(err)
-                app = create_app(llm, name, max_request_bytes, thread, api_key)
+                reasoning = ReasoningParser(reasoning_parser) if reasoning_parser else None
+                app = create_app(llm, name, max_request_bytes, thread, api_key, reasoning)
                 if not run_app(app, sock, shutdown_timeout, access_log):
                     raise SpecdecError("the server did not start (see the log above)")
             finally:

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from specdec.chat_template import load_chat_template
 from specdec.cli.common import model_options, quiet_transformers
 from specdec.errors import ConfigError
 from specdec.models import load_model
@@ -68,8 +69,12 @@ def synthesize(model, dtype, device, runtime, input_path, output_path, self_prom
                                                   if follow_up_openers_path else ()))
     quiet_transformers()
     console = Console(stderr=True)
+    runtime = dict(runtime)
+    template = load_chat_template(runtime.pop("chat_template")) if "chat_template" in runtime else None
     with console.status("loading model"):
         target, tokenizer = load_model(model, dtype, device)
+    if template is not None:  # the conversations are built with this tokenizer as well as decoded
+        tokenizer.chat_template = template
     columns = (TextColumn("[bold]synthesizing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tokens]} tokens"),
                TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from specdec.llm import LLM
+from specdec.reasoning import ReasoningParser
 from specdec.server.api_key import ApiKeyCheck
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.body_limit import BodySizeLimit
@@ -25,16 +26,18 @@ DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 
 
 def create_app(llm: LLM, model_name: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               thread: EngineThread | None = None, api_key: str | None = None) -> FastAPI:
+               thread: EngineThread | None = None, api_key: str | None = None,
+               reasoning: ReasoningParser | None = None) -> FastAPI:
     """An app serving ``llm`` as ``model_name``. Its lifespan starts the engine loop on
     ``thread`` (pass the thread that loaded ``llm``; a new one if none) and, at shutdown, aborts
     what is left and stops the loop; ``app.state.engine`` is the :class:`AsyncEngine`, whose
     ``abort_all`` ends the requests in flight when a graceful shutdown's grace period is over.
     Nothing else may use ``llm.engine`` while the app runs. With ``api_key``, the API routes
-    admit only requests that send it (:mod:`specdec.server.api_key`)."""
+    admit only requests that send it (:mod:`specdec.server.api_key`); with ``reasoning``, chat
+    replies give their reasoning apart (:mod:`specdec.reasoning`)."""
     metrics = ServerMetrics(model_name)
     engine = AsyncEngine(llm.engine, metrics, thread)
-    state = ServerState(llm, engine, model_name, metrics)
+    state = ServerState(llm, engine, model_name, metrics, reasoning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -1,24 +1,37 @@
-"""A chat reply's message, whole or as streamed deltas: text, or tool calls (:mod:`specdec.tools`)."""
+"""A chat reply's message, whole or as streamed deltas: its reasoning (:mod:`specdec.reasoning`,
+when the server has a reasoning parser), then text or tool calls (:mod:`specdec.tools`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from specdec.reasoning import ReasoningParser, ReasoningStream
 from specdec.tools import ToolCall, ToolCallStream, ToolUse
 
 
-class ChatReplies:
-    """Builds the ``message`` of each choice of one request, or its streamed ``delta``s."""
+def _with_reasoning(fields: dict[str, Any], reasoning: str) -> dict[str, Any]:
+    # vLLM's field, and ``reasoning_content``, its former name (DeepSeek's API's), which clients still read.
+    return {**fields, "reasoning": reasoning, "reasoning_content": reasoning}
 
-    def __init__(self, tools: ToolUse) -> None:
+
+class ChatReplies:
+    """Builds the ``message`` of each choice of one request, or its streamed ``delta``s; with a
+    ``reasoning`` parser, the reasoning goes apart from the content and tool calls."""
+
+    def __init__(self, tools: ToolUse, reasoning: ReasoningParser | None = None) -> None:
         self.tools = tools
+        self.reasoning = reasoning
         self._streams: dict[int, ToolCallStream] = {}
         self._forced: dict[int, ToolCall] = {}
+        self._thoughts: dict[int, ReasoningStream] = {}
 
     def message(self, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         """A whole reply's message and its finish reason."""
+        reasoning, text = self.reasoning.split(text) if self.reasoning is not None else (None, text)
         content, calls = self.tools.parse(text)
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message = _with_reasoning(message, reasoning)
         if calls:
             message["tool_calls"] = [call.openai() for call in calls]
         return message, self.tools.finish_reason(finish_reason, calls)
@@ -27,6 +40,16 @@ class ChatReplies:
         """Choice ``index``'s delta for its next ``text`` (its first when ``first``; its last when
         ``finish_reason`` is set), and the finish reason to send."""
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        if self.reasoning is not None:
+            thought = self._thoughts.setdefault(index, ReasoningStream(self.reasoning))
+            reasoning, text = thought.feed(text)
+            if finish_reason is not None:
+                rest_reasoning, rest = thought.finish()
+                reasoning, text = reasoning + rest_reasoning, text + rest
+            if reasoning:
+                delta = _with_reasoning(delta, reasoning)
+            if not text and finish_reason is None and not first:
+                return delta, None
         if self.tools.mode == "none":
             delta["content"] = text
         elif self.tools.mode == "named":  # the reply is the call's arguments, streamed as they come

@@ -98,7 +98,7 @@ def openai_router(state: ServerState) -> APIRouter:
         params = [body.sampling_params(max_tokens, i) for i in range(body.num_choices)]
         streams = await submit_all(state.engine, prompt_ids, params, "messages")
         reply = _Reply.new("chatcmpl", state.model_name)
-        replies = ChatReplies(tools)
+        replies = ChatReplies(tools, state.reasoning)
         if body.stream:
 
             def choice(index: int, text: str, finish_reason: str | None, first: bool,

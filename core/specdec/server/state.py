@@ -9,6 +9,7 @@ from jinja2 import TemplateError
 
 from specdec.errors import ConfigError
 from specdec.llm import LLM
+from specdec.reasoning import ReasoningParser
 from specdec.server.async_engine import AsyncEngine
 from specdec.server.errors import APIError
 from specdec.server.metrics import ServerMetrics
@@ -22,6 +23,8 @@ class ServerState:
     engine: AsyncEngine
     model_name: str
     metrics: ServerMetrics
+    #: Splits chat replies' reasoning from their content (``--reasoning-parser``), if given.
+    reasoning: ReasoningParser | None = None
 
     @property
     def max_length(self) -> int:
@@ -56,6 +59,6 @@ class ServerState:
         """The token ids a chat request prefills (its messages, tools and template options through
         the chat template), and what it asks of tools; a 400 naming the field that cannot be."""
         tools = body.tool_use()
-        messages, tool_kwargs = tools.conversation(body.conversation(), getattr(self.llm.tokenizer, "chat_template", None))
+        messages, tool_kwargs = tools.conversation(body.conversation(), self.llm.chat_template)
         ids = self.encode(messages, chat=True, param="messages", template_kwargs=body.chat_template_arguments(tool_kwargs))
         return ids, tools
