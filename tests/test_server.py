@@ -708,6 +708,70 @@ def test_reasoning_comes_apart_from_the_content_whole_and_streamed(json_server: 
     assert len(plain.content) == 4 and "reasoning" not in (plain.model_extra or {})
 
 
+def _chat_text(client: openai.OpenAI, messages: list[dict], **fields: object) -> str:
+    return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **fields).choices[0].message.content
+
+
+def test_responses_api_answers_as_chat_completions_do(json_server: Server) -> None:
+    """``/v1/responses`` through the official client: instructions and input make the chat the
+    reply is decoded from (the same text as the chat completion), ``max_output_tokens`` ends it
+    ``incomplete``, usage counts as OpenAI's does, and the stream's typed events add up to the
+    whole response."""
+    client = json_server.client()
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    whole = client.responses.create(model=MODEL, instructions="be brief", input="hello", max_output_tokens=12, temperature=0)
+    assert whole.object == "response" and whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
+    assert [item.type for item in whole.output] == ["message"]
+    assert whole.output_text == _chat_text(client, messages, max_tokens=12)
+    chat_usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage
+    assert whole.usage.input_tokens == chat_usage.prompt_tokens and whole.usage.output_tokens == 12
+    as_items = client.responses.create(model=MODEL, max_output_tokens=12, temperature=0, input=[
+        {"role": "developer", "content": "be brief"}, {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}])
+    assert as_items.output_text == whole.output_text
+    events = list(client.responses.create(model=MODEL, instructions="be brief", input="hello", max_output_tokens=12,
+                                          temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    assert events[-1].response.output_text == whole.output_text and events[-1].response.usage.output_tokens == 12
+
+
+def test_responses_api_runs_an_agent_loop_with_function_tools(json_server: Server) -> None:
+    """A function tool in the Responses shape gives a ``function_call`` item (constrained to its
+    schema when named); sending it back with its output continues the conversation; reasoning (the
+    server's qwen3 parser) is an item of its own; what the server cannot do is a 400 naming it."""
+    client = json_server.client()
+    weather = {"type": "function", "name": "get_weather", **{k: v for k, v in WEATHER["function"].items() if k != "name"}}
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    first = client.responses.create(model=MODEL, input=ask, tools=[weather], temperature=0, max_output_tokens=60,
+                                    tool_choice={"type": "function", "name": "get_weather"})
+    call = first.output[-1]
+    assert call.type == "function_call" and call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+    chat = client.chat.completions.create(model=MODEL, messages=ask, tools=[WEATHER], temperature=0, max_tokens=60,
+                                          tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert call.arguments == chat.choices[0].message.tool_calls[0].function.arguments
+    streamed = list(client.responses.create(model=MODEL, input=ask, tools=[weather], temperature=0, max_output_tokens=60,
+                                            tool_choice={"type": "function", "name": "get_weather"}, stream=True))
+    done = [e.item for e in streamed if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in done] == [(call.name, call.arguments)]
+    follow = [*ask, {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+              {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    second = client.responses.create(model=MODEL, input=follow, tools=[weather], temperature=0, max_output_tokens=8)
+    assert second.usage.input_tokens > first.usage.input_tokens and second.output
+    thought = client.responses.create(model=MODEL, input="think", temperature=0, max_output_tokens=40,
+                                      extra_body={"guided_regex": "<think>[a-z]{3,8}</think>[a-z]{2,6}"})
+    assert [item.type for item in thought.output] == ["reasoning", "message"]
+    assert 3 <= len(thought.output[0].content[0].text) <= 8 and 2 <= len(thought.output_text) <= 6
+    for body, param in [({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+                        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+                        ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
+                        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content"),
+                        ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens")]:
+        answer = json_server.post("/v1/responses", {"model": MODEL, **body})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (body, answer.text)
+
+
 def test_an_api_key_guards_the_api_routes_only(json_server: Server) -> None:
     """With --api-key, the OpenAI, tokenizer and Triton model routes answer 401 (in their API's error shape)
     to a request without the key or with another; the key admits it; /health and /metrics stay
@@ -821,7 +885,8 @@ def test_a_chat_template_file_renders_the_chats(small_server: Server, offline: L
     messages = [{"role": "user", "content": "hi"}]
     tokens = small_server.post("/tokenize", {"messages": messages}).json()["tokens"]
     assert offline.tokenizer.decode(tokens) == "user: hi\nassistant:"
-    reply = small_server.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    client = small_server.client()
+    reply = client.chat.completions.create(model=client.models.list().data[0].id, messages=messages, max_tokens=2)
     assert reply.usage.prompt_tokens == len(tokens)
 
 
