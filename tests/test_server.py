@@ -737,10 +737,34 @@ def test_responses_api_answers_as_chat_completions_do(json_server: Server) -> No
     assert events[-1].response.output_text == whole.output_text and events[-1].response.usage.output_tokens == 12
 
 
+def test_stored_responses_continue_and_can_be_read_and_deleted(json_server: Server) -> None:
+    """A response is stored unless ``store`` is false: ``previous_response_id`` continues its
+    conversation (without its instructions, as OpenAI's API does), ``GET`` reads it back and
+    ``DELETE`` forgets it; an id not kept is a 404 naming the field."""
+    client = json_server.client()
+    first = client.responses.create(model=MODEL, instructions="be brief", input="hello", max_output_tokens=6, temperature=0)
+    assert first.store is True
+    second = client.responses.create(model=MODEL, previous_response_id=first.id, input="again", max_output_tokens=6,
+                                     temperature=0)
+    assert second.previous_response_id == first.id
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "again"}]
+    assert second.usage.input_tokens == json_server.post("/tokenize", {"messages": messages}).json()["count"]
+    assert second.output_text == _chat_text(client, messages, max_tokens=6)
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    unstored = client.responses.create(model=MODEL, input="hello", max_output_tokens=2, store=False)
+    answer = json_server.post("/v1/responses", {"model": MODEL, "input": "x", "previous_response_id": unstored.id})
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "previous_response_id"
+
+
 def test_responses_api_runs_an_agent_loop_with_function_tools(json_server: Server) -> None:
     """A function tool in the Responses shape gives a ``function_call`` item (constrained to its
-    schema when named); sending it back with its output continues the conversation; reasoning (the
-    server's qwen3 parser) is an item of its own; what the server cannot do is a 400 naming it."""
+    schema when named); sending it back with its output continues the conversation, as does
+    sending the output alone after ``previous_response_id``; reasoning (the server's qwen3 parser)
+    is an item of its own; what the server cannot do is a 400 naming it."""
     client = json_server.client()
     weather = {"type": "function", "name": "get_weather", **{k: v for k, v in WEATHER["function"].items() if k != "name"}}
     ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
@@ -763,8 +787,10 @@ def test_responses_api_runs_an_agent_loop_with_function_tools(json_server: Serve
                                       extra_body={"guided_regex": "<think>[a-z]{3,8}</think>[a-z]{2,6}"})
     assert [item.type for item in thought.output] == ["reasoning", "message"]
     assert 3 <= len(thought.output[0].content[0].text) <= 8 and 2 <= len(thought.output_text) <= 6
-    for body, param in [({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-                        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    chained = client.responses.create(model=MODEL, previous_response_id=first.id, tools=[weather], temperature=0,
+                                      max_output_tokens=8, input=[follow[-1]])
+    assert chained.usage.input_tokens == second.usage.input_tokens and chained.output_text == second.output_text
+    for body, param in [({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
                         ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
                         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content"),
                         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens")]:

@@ -3,21 +3,27 @@ speak: a request becomes the chat completion it means (instructions, input items
 ``text.format``), and the chat reply becomes the response's output items (reasoning, a message,
 function calls), whole or as the API's stream of typed events.
 
-The server keeps no responses (``store`` is false): an agent sends its whole conversation as
-``input`` each turn, function calls and their outputs included, and
-:mod:`specdec.prefix_cache` spares it prefilling that again.
+A stored response (``store``, true by default as in OpenAI's API) continues with
+``previous_response_id``: the new request's conversation is the earlier one's (without its
+``instructions``, as OpenAI's API has it), its reply, then the new input. The server keeps the
+last :data:`STORED_RESPONSES` in memory. An agent may as well send its whole conversation each
+turn; either way :mod:`specdec.prefix_cache` spares it prefilling that again.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specdec.server.errors import APIError, from_validation_error
 from specdec.server.protocol import ChatCompletionRequest
+
+#: Responses the server keeps for ``previous_response_id`` and ``GET /v1/responses/{id}``.
+STORED_RESPONSES = 1000
 
 #: Text part types of an input message's content.
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -47,14 +53,18 @@ class ResponsesRequest(BaseModel):
     store: bool | None = None
     previous_response_id: str | None = None
 
-    def as_chat(self) -> ChatCompletionRequest:
-        """The chat completion this request asks for; a 400 naming the field that cannot be."""
-        if self.previous_response_id is not None:
-            raise APIError(400, "previous_response_id: this server keeps no responses; send the whole conversation as "
-                                "input (store: false)", "previous_response_id")
+    def conversation(self, earlier: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The chat messages of ``earlier`` turns (the previous response's) and this input,
+        without the instructions."""
+        return [*earlier, *self._input_messages()]
+
+    def as_chat(self, conversation: list[dict[str, Any]]) -> ChatCompletionRequest:
+        """The chat completion this request asks for, over ``conversation``; a 400 naming the
+        field that cannot be."""
         fields = {key: value for key, value in (self.model_extra or {}).items() if key not in ("n", "include", "metadata",
                                                                                              "reasoning", "truncation", "user")}
-        fields.update(model=self.model, messages=self._messages(), max_completion_tokens=self.max_output_tokens,
+        system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        fields.update(model=self.model, messages=system + conversation, max_completion_tokens=self.max_output_tokens,
                       temperature=self.temperature, top_p=self.top_p, parallel_tool_calls=self.parallel_tool_calls)
         if self.tools:
             fields["tools"] = [_chat_tool(tool, i) for i, tool in enumerate(self.tools)]
@@ -67,10 +77,10 @@ class ResponsesRequest(BaseModel):
         except ValidationError as exc:
             raise from_validation_error(exc) from None
 
-    def _messages(self) -> list[dict[str, Any]]:
-        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+    def _input_messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
         if isinstance(self.input, str):
-            return [*messages, {"role": "user", "content": self.input}]
+            return [{"role": "user", "content": self.input}]
         for i, item in enumerate(self.input):
             kind = item.get("type", "message")
             if kind == "message":
@@ -93,7 +103,7 @@ class ResponsesRequest(BaseModel):
                 raise APIError(400, f"input[{i}].type: {kind!r} is not supported (message, function_call, "
                                     "function_call_output, reasoning)", f"input[{i}].type")
         if not messages:
-            raise APIError(400, "input: empty", "input")
+            raise APIError(400, "input: no message or function call output", "input")
         return messages
 
 
@@ -153,7 +163,8 @@ class ResponseBuilder:
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "temperature": body.temperature, "top_p": body.top_p, "tools": body.tools or [],
             "tool_choice": body.tool_choice or "auto", "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "text": body.text or {"format": {"type": "text"}}, "previous_response_id": None, "store": False,
+            "text": body.text or {"format": {"type": "text"}}, "previous_response_id": body.previous_response_id,
+            "store": body.store is not False,
             "metadata": {}, "truncation": "disabled", "usage": usage,
         }
 
@@ -202,3 +213,45 @@ def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
     if message.get("content") or not calls:
         items.append(message_item(message.get("content") or ""))
     return items + [function_call_item(call) for call in calls]
+
+
+def reply_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat reply's message as the turn a later request continues from (its reasoning left out,
+    as reasoning items in input are)."""
+    turn: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+    if message.get("tool_calls"):
+        turn["tool_calls"] = message["tool_calls"]
+    return [turn]
+
+
+class ResponseStore:
+    """The last ``size`` stored responses: each one's conversation (for ``previous_response_id``)
+    and its response object (for ``GET``)."""
+
+    def __init__(self, size: int = STORED_RESPONSES) -> None:
+        self.size = size
+        self._kept: OrderedDict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = OrderedDict()
+
+    def keep(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        self._kept[response["id"]] = (conversation, response)
+        while len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+
+    def conversation(self, response_id: str | None) -> list[dict[str, Any]]:
+        """The conversation a response continues from (none without an id); a 404 for an id not kept."""
+        if response_id is None:
+            return []
+        return list(self._get(response_id, "previous_response_id")[0])
+
+    def response(self, response_id: str) -> dict[str, Any]:
+        return self._get(response_id, "response_id")[1]
+
+    def delete(self, response_id: str) -> None:
+        self._get(response_id, "response_id")
+        del self._kept[response_id]
+
+    def _get(self, response_id: str, param: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        if response_id not in self._kept:
+            raise APIError(404, f"{param}: no response {response_id!r} is kept here (the server keeps the last "
+                                f"{self.size} stored responses, in memory)", param)
+        return self._kept[response_id]

@@ -1,5 +1,6 @@
-"""``POST /v1/responses`` (OpenAI's Responses API): the chat completion a request means, answered as
-a response, whole or streamed as typed events (:mod:`specdec.server.responses`)."""
+"""OpenAI's Responses API: ``POST /v1/responses``, the chat completion a request means answered as a
+response, whole or streamed as typed events, and ``GET``/``DELETE /v1/responses/{id}`` for stored
+ones (:mod:`specdec.server.responses`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from specdec.server.responses import (
     output_items,
     output_text,
     reasoning_item,
+    reply_messages,
     status,
     usage,
 )
@@ -42,7 +44,8 @@ def responses_router(state: ServerState) -> APIRouter:
     async def responses(request: Request) -> Response:
         body: ResponsesRequest = parse(ResponsesRequest, await request.body())
         state.check_model(body.model)
-        chat = body.as_chat()
+        conversation = body.conversation(state.responses.conversation(body.previous_response_id))
+        chat = body.as_chat(conversation)
         chat.check_supported()
         prompt_ids, tools = state.encode_conversation(chat)
         max_tokens = chat.max_completion_tokens or max(state.max_length - len(prompt_ids), 1)
@@ -50,14 +53,33 @@ def responses_router(state: ServerState) -> APIRouter:
         builder = ResponseBuilder(body, state.model_name)
         replies = ChatReplies(tools, state.reasoning)
         if body.stream:
-            return EventStreamResponse(_events(streams[0], builder, replies, state), lambda: abort_all(streams))
+            events = _events(streams[0], builder, replies, state, conversation)
+            return EventStreamResponse(events, lambda: abort_all(streams))
         outcome = (await until_disconnected(request, collect_all(streams)))[0]
         message, _ = replies.message(outcome.text, outcome.finish_reason)
         counted = _usage(state, outcome.num_prompt_tokens, outcome.num_output_tokens, outcome.metrics.num_cached_tokens,
                          message.get("reasoning"))
-        return JSONResponse(builder.response(status(outcome.finish_reason), output_items(message), counted))
+        response = builder.response(status(outcome.finish_reason), output_items(message), counted)
+        _keep(state, builder, response, conversation, message)
+        return JSONResponse(response)
+
+    @router.get("/v1/responses/{response_id}")
+    async def stored(response_id: str) -> dict[str, Any]:
+        return state.responses.response(response_id)
+
+    @router.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> dict[str, Any]:
+        state.responses.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     return router
+
+
+def _keep(state: ServerState, builder: ResponseBuilder, response: dict[str, Any], conversation: list[dict[str, Any]],
+          message: dict[str, Any]) -> None:
+    """Keep a stored response (``store`` true, the default) for ``previous_response_id``."""
+    if builder.body.store is not False:
+        state.responses.keep(response, conversation + reply_messages(message))
 
 
 def _usage(state: ServerState, prompt_tokens: int, output_tokens: int, cached_tokens: int, reasoning: str | None) -> dict[str, Any]:
@@ -76,7 +98,8 @@ class _OpenItem:
         self.index, self.item, self.text = index, item, ""
 
 
-async def _events(stream: RequestStream, builder: ResponseBuilder, replies: ChatReplies, state: ServerState) -> AsyncIterator[str]:
+async def _events(stream: RequestStream, builder: ResponseBuilder, replies: ChatReplies, state: ServerState,
+                  conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
     """``response.created`` and ``.in_progress``; the reasoning and the message text, each an item
     opened, its deltas, then closed; function calls, whole, once the reply ends (a call is known
     only then); then ``response.completed`` (or ``.incomplete`` at ``max_output_tokens``). A
@@ -166,6 +189,10 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
     reasoning = "".join(part["text"] for item in output if item["type"] == "reasoning" for part in item["content"])
     counted = _usage(state, delta.num_prompt_tokens, num_output_tokens, delta.metrics.num_cached_tokens, reasoning or None)
     final = status(delta.finish_reason)
+    response = builder.response(final, output, counted)
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    _keep(state, builder, response, conversation, {"content": text, "tool_calls": [
+        {"id": call["id"], "type": "function", "function": call["function"]} for call in calls.values()]})
     kind = "response.incomplete" if final == "incomplete" else "response.completed"
-    yield _sse(builder.event(kind, response=builder.response(final, output, counted)))
+    yield _sse(builder.event(kind, response=response))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import TemplateError
@@ -14,6 +14,7 @@ from specdec.server.async_engine import AsyncEngine
 from specdec.server.errors import APIError
 from specdec.server.metrics import ServerMetrics
 from specdec.server.protocol import ChatInput
+from specdec.server.responses import ResponseStore
 from specdec.tools import ToolUse
 
 
@@ -25,6 +26,8 @@ class ServerState:
     metrics: ServerMetrics
     #: Splits chat replies' reasoning from their content (``--reasoning-parser``), if given.
     reasoning: ReasoningParser | None = None
+    #: Stored responses of the Responses API (``previous_response_id``).
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     @property
     def max_length(self) -> int:
