@@ -53,3 +53,17 @@ def test_bench_table_shows_lossy_acceptances_only_when_there_are_some() -> None:
 
     assert "lossy acc." not in headers(0)
     assert "lossy acc." in headers(3)
+
+
+def test_bench_table_shows_prefill_and_cached_tokens_only_when_the_prefix_cache_gave_some() -> None:
+    row = {"num_turns": 1, "speedup": 1.5, "speedup_ci95": None, "tokens_per_second": 10.0, "mean_accepted_tokens": 2.0,
+           "acceptance_rate": 0.5, "num_lossy_accepted_tokens": 0, "acceptance_rate_per_pos": [0.5],
+           "outputs_match": None, "overhead_fraction": 0.1, "prefill_seconds": 0.52, "cached_prompt_tokens": 0.0}
+
+    def table(cached: float) -> tuple[list[str], list[str]]:
+        made = summary_table({"overall": {**row, "cached_prompt_tokens": cached}}, "t")
+        return [str(c.header) for c in made.columns], [str(cell) for c in made.columns for cell in c._cells]
+
+    assert "cached" not in table(0.0)[0]
+    headers, cells = table(384.0)
+    assert headers[-2:] == ["prefill", "cached"] and cells[-2:] == ["0.52 s", "384"]

@@ -61,6 +61,9 @@ def summarize_group(results: list[TurnResult], greedy: bool) -> dict[str, Any]:
         # vLLM: the share of drafting steps that accepted a token at draft position i (tree: depth i + 1).
         "acceptance_rate_per_pos": m.acceptance_rate_per_pos,
         "overhead_fraction": m.time_overhead / m.time_decode if m.time_decode else 0.0,
+        # The method's time to prefill a prompt, and the prompt tokens the prefix cache gave it, per run.
+        "prefill_seconds": m.time_prefill / len(results) if results else 0.0,
+        "cached_prompt_tokens": m.num_cached_tokens / len(results) if results else 0.0,
         "outputs_match": (
             sum(r.runs[SPEC].tokens == r.runs[PLAIN].tokens for r in results) / len(results) if greedy else None
         ),
@@ -89,11 +92,13 @@ def _fmt(value: Any, spec: str) -> str:
 def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
     baselines = [mode for mode in BASELINE_MODES if f"speedup_vs_{mode}" in summary["overall"]]
     has_lossy = summary["overall"]["num_lossy_accepted_tokens"] > 0
+    # With prefix caching reusing prompts (repeated rounds, later turns), what it saved shows.
+    has_cached = summary["overall"].get("cached_prompt_tokens", 0) > 0
     table = Table(title=title)
     columns = [f"vs {BASELINE_MODES[mode]}" for mode in baselines]
     for col in ["category", "turns", "speedup", "95% interval", *columns,
                 "tok/s", "mean acc. tokens", "accept rate", *(["lossy acc."] if has_lossy else []), "by position",
-                "outputs match", "overhead"]:
+                "outputs match", "overhead", *(["prefill", "cached"] if has_cached else [])]:
         table.add_column(col, justify="left" if col == "category" else "right")
     for cat, s in summary.items():
         interval = s["speedup_ci95"]
@@ -107,6 +112,8 @@ def summary_table(summary: dict[str, dict[str, Any]], title: str) -> Table:
                 format_rates_per_pos(s["acceptance_rate_per_pos"]),
                 "-" if match is None else f"{match:.0%}",
                 _fmt(s["overhead_fraction"], ".1%")]
+        if has_cached:
+            row += [f"{s['prefill_seconds']:.2f} s", f"{s['cached_prompt_tokens']:.0f}"]
         table.add_row(*row, style="bold" if cat == "overall" else None)
     return table
 
