@@ -63,9 +63,10 @@ def test_a_chat_template_given_replaces_the_tokenizers(tiny, tmp_path) -> None:
     path.write_text(GREETING_TEMPLATE)
     before = tiny.tokenizer.chat_template
     messages = [{"role": "user", "content": "hi"}]
-    for given in (GREETING_TEMPLATE, str(path)):
+    long = GREETING_TEMPLATE + "{# " + "a comment longer than a file name may be " * 10 + "#}"
+    for given in (GREETING_TEMPLATE, str(path), long):
         with LLM(tiny.model, None, tokenizer=tiny.tokenizer, chat_template=given) as llm:
-            assert llm.chat_template == GREETING_TEMPLATE
+            assert llm.chat_template == (long if given == long else GREETING_TEMPLATE)
             assert _prompt(llm, messages, chat_template_kwargs={"greeting": "hello"}) == "hello\nuser: hi\nassistant: "
     assert tiny.tokenizer.chat_template == before
 

@@ -49,9 +49,8 @@ def load_chat_template(value: str) -> str:
     """A chat template given as vLLM's ``--chat-template`` takes it: the path of a Jinja file, or
     the template itself; a ``ConfigError`` naming ``chat_template`` if it is neither or does not
     parse."""
-    path = Path(value).expanduser()
-    if path.is_file():
-        template = path.read_text()
+    if _is_file(value):
+        template = Path(value).expanduser().read_text()
     elif "{" in value:
         template = value
     else:
@@ -62,3 +61,10 @@ def load_chat_template(value: str) -> str:
     except TemplateSyntaxError as exc:
         raise ConfigError(f"chat_template: line {exc.lineno}: {exc.message}") from None
     return template
+
+
+def _is_file(value: str) -> bool:
+    try:
+        return Path(value).expanduser().is_file()
+    except OSError:  # a template longer than a file name can be
+        return False
