@@ -10,10 +10,11 @@ cd "$(dirname "$0")/.."
 DIR="${1:-.gpu/wheels}"
 PYTHON_VERSION="${GPU_PYTHON_VERSION:-3.12}"
 # Missing from the image's package list (pydantic and its parts; the fastapi, uvicorn and openai
-# stacks of `specdec serve` and its tests; llguidance for structured outputs). typing-extensions comes along in the version
+# and anthropic stacks of `specdec serve` and its tests; llguidance for structured outputs). typing-extensions comes along in the version
 # pydantic-core was installed with here, which an older one on the machine may not satisfy.
 PACKAGES=(pydantic pydantic-core annotated-types typing-inspection typing-extensions
-          fastapi starlette opentelemetry-api uvicorn openai jiter sniffio httpx2 httpcore2 truststore llguidance)
+          fastapi starlette opentelemetry-api uvicorn openai anthropic docstring-parser jiter sniffio httpx2 httpcore2 truststore
+          llguidance)
 
 pins=()
 for name in "${PACKAGES[@]}"; do

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -796,6 +797,53 @@ def test_responses_api_runs_an_agent_loop_with_function_tools(json_server: Serve
                         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens")]:
         answer = json_server.post("/v1/responses", {"model": MODEL, **body})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (body, answer.text)
+
+
+def test_anthropic_messages_api_as_the_official_client_sends_it(json_server: Server) -> None:
+    """``/v1/messages`` through Anthropic's client (its key sent as ``x-api-key``): ``system`` and
+    the messages make the chat the reply is decoded from; usage splits the prompt into tokens read
+    from the prefix cache and the rest; the stream adds up to the whole message (the client's own
+    accumulator reads it); a tool use is constrained to its schema, stops the turn, and its result
+    continues it; reasoning is a thinking block; bad input is a 400 in Anthropic's error shape."""
+    client = anthropic.Anthropic(base_url=json_server.url, api_key=API_KEY, max_retries=0, timeout=60)
+    openai_client = json_server.client()
+    greedy = {"temperature": 0}  # Anthropic's client no longer takes sampling parameters as arguments
+    ask = dict(model=MODEL, max_tokens=12, extra_body=greedy, system="be brief", messages=[{"role": "user", "content": "hello"}])
+    whole = client.messages.create(**ask)
+    chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    assert whole.type == "message" and whole.stop_reason == "max_tokens" and [b.type for b in whole.content] == ["text"]
+    assert whole.content[0].text == _chat_text(openai_client, chat, max_tokens=12)
+    prompt_tokens = openai_client.chat.completions.create(model=MODEL, messages=chat, max_tokens=1).usage.prompt_tokens
+    assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == prompt_tokens and whole.usage.output_tokens == 12
+    with client.messages.stream(**ask) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.content[0].text == whole.content[0].text and streamed.stop_reason == "max_tokens"
+    weather = {"name": "get_weather", "description": "the weather in a city", "input_schema": WEATHER["function"]["parameters"]}
+    question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    tool = dict(model=MODEL, max_tokens=60, extra_body=greedy, messages=question, tools=[weather],
+                tool_choice={"type": "tool", "name": "get_weather"})
+    used = client.messages.create(**tool)
+    call = used.content[-1]
+    assert used.stop_reason == "tool_use" and call.type == "tool_use" and call.name == "get_weather" and set(call.input) == {"city"}
+    with client.messages.stream(**tool) as stream:
+        assert stream.get_final_message().content[-1].input == call.input
+    result = client.messages.create(model=MODEL, max_tokens=8, extra_body=greedy, tools=[weather], messages=[
+        *question, {"role": "assistant", "content": [call.model_dump()]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}]}])
+    assert result.usage.input_tokens + result.usage.cache_read_input_tokens > prompt_tokens and result.content
+    thought = client.messages.create(model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "think"}],
+                                     extra_body={**greedy, "guided_regex": "<think>[a-z]{3,8}</think>[a-z]{2,6}"})
+    assert [b.type for b in thought.content] == ["thinking", "text"] and 3 <= len(thought.content[0].thinking) <= 8
+    for body, field in [({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages[0].content[0].type"),
+                        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "all"}}, "tool_choice.type")]:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            client.messages.create(model=MODEL, max_tokens=4, **body)
+        assert info.value.body["error"]["type"] == "invalid_request_error" and field in info.value.body["error"]["message"]
+    missing = json_server.post("/v1/messages", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert missing.status_code == 400 and "max_tokens" in missing.json()["error"]["message"]
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=json_server.url, api_key="wrong", max_retries=0).messages.create(**ask)
 
 
 def test_an_api_key_guards_the_api_routes_only(json_server: Server) -> None:

@@ -48,12 +48,13 @@ _HONOURED_OPTIONS = ("max_batch_size", "cuda_graph_config", "max_seq_len", "kv_c
               help="Give chat replies' <think> reasoning apart from their content (vLLM's parsers).")
 @click.option("--api-key", envvar="SPECDEC_API_KEY", default=None, show_envvar=True,
               help="Admit /v1, /tokenize, /detokenize and /v2/models requests only with 'Authorization: Bearer KEY' "
-                   "(the OpenAI clients' api_key); /health and /metrics stay open.")
+                   "(the OpenAI clients' api_key) or 'x-api-key: KEY' (Anthropic's); /health and /metrics stay open.")
 def serve(model, dtype, device, runtime, config_file, method, max_draft_len, speculative_model, settings, host, port,
           max_batch_size, max_queue_size, served_model_name, max_request_bytes, shutdown_timeout, warmup,
           access_log, reasoning_parser, api_key) -> None:
-    """Serve the model over HTTP: OpenAI /v1/completions and /v1/chat/completions, vLLM's
-    /tokenize and /detokenize, Triton /v2/models/NAME/generate, /health and Prometheus /metrics.
+    """Serve the model over HTTP: OpenAI /v1/completions, /v1/chat/completions and /v1/responses,
+    Anthropic /v1/messages, vLLM's /tokenize and /detokenize, Triton /v2/models/NAME/generate,
+    /health and Prometheus /metrics.
 
     --extra_llm_api_options takes trtllm-serve's YAML file as it is: its speculative_config,
     max_batch_size, max_seq_len, cuda_graph_config and kv_cache_config.enable_block_reuse are

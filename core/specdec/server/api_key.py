@@ -1,7 +1,8 @@
 """An ASGI middleware that admits API requests only with the server's key (``specdec serve
 --api-key``, vLLM's option): ``Authorization: Bearer KEY``, which OpenAI's clients send from
-their ``api_key``. The OpenAI routes (``/v1/...``), vLLM's ``/tokenize`` and ``/detokenize``
-and Triton's model routes (``/v2/models/...``) need it; ``/health``, ``/metrics`` and Triton's readiness stay open, for
+their ``api_key``, or ``x-api-key: KEY``, which Anthropic's send. The OpenAI and Anthropic
+routes (``/v1/...``), vLLM's ``/tokenize`` and ``/detokenize`` and Triton's model routes
+(``/v2/models/...``) need it; ``/health``, ``/metrics`` and Triton's readiness stay open, for
 load balancers and scrapers. A request without the key gets a 401 in its API's error shape."""
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class ApiKeyCheck:
         await self.app(scope, receive, send)
 
     def _admitted(self, scope: Scope) -> bool:
-        scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").partition(b" ")
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
         # compare_digest: the time taken does not tell how much of a guess was right.
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            return True
+        # Anthropic's clients send their key as x-api-key.
+        return b"x-api-key" in headers and hmac.compare_digest(headers[b"x-api-key"].strip(), self.key)

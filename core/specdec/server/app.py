@@ -15,10 +15,11 @@ from specdec.server.async_engine import AsyncEngine
 from specdec.server.body_limit import BodySizeLimit
 from specdec.server.engine_thread import EngineThread
 from specdec.server.errors import install_error_handlers
+from specdec.server.messages_routes import messages_router
 from specdec.server.metrics import ServerMetrics
 from specdec.server.openai_routes import openai_router
-from specdec.server.state import ServerState
 from specdec.server.responses_routes import responses_router
+from specdec.server.state import ServerState
 from specdec.server.tokenize_routes import tokenize_router
 from specdec.server.triton_routes import triton_router
 
@@ -57,6 +58,7 @@ def create_app(llm: LLM, model_name: str, max_request_bytes: int = DEFAULT_MAX_R
     app.include_router(openai_router(state))
     app.include_router(triton_router(state))
     app.include_router(responses_router(state))
+    app.include_router(messages_router(state))
     app.include_router(tokenize_router(state))
 
     @app.get("/health")

@@ -71,3 +71,26 @@ class ChatReplies:
             if calls:
                 delta["tool_calls"] = [{"index": i, **call.openai()} for i, call in enumerate(calls)]
         return delta, finish_reason
+
+
+class StreamedCalls:
+    """The tool calls of a streamed reply, joined from its deltas' ``tool_calls`` entries (a
+    call's id and name come first, its arguments in pieces), for APIs that send each call whole."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    def add(self, delta: dict[str, Any]) -> None:
+        for entry in delta.get("tool_calls") or []:
+            call = self._calls.setdefault(entry["index"], {"id": "", "type": "function",
+                                                           "function": {"name": "", "arguments": ""}})
+            call["id"] = entry.get("id") or call["id"]
+            call["function"]["name"] = entry["function"].get("name") or call["function"]["name"]
+            call["function"]["arguments"] += entry["function"].get("arguments") or ""
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def calls(self) -> list[dict[str, Any]]:
+        """Each call as a chat tool call (``{"id", "type", "function": {"name", "arguments"}}``)."""
+        return list(self._calls.values())

@@ -1,8 +1,9 @@
 """HTTP errors as clients of each API expect them.
 
 OpenAI routes answer ``{"error": {"message", "type", "param", "code"}}`` (``code``: the HTTP
-status, as vLLM does); Triton routes (``/v2/...``) answer ``{"error": "message"}``. A client error
-is always a 4xx, never a 500.
+status, as vLLM does); Triton routes (``/v2/...``) answer ``{"error": "message"}``; Anthropic's
+``/v1/messages`` answers ``{"type": "error", "error": {"type", "message"}}``. A client error is
+always a 4xx, never a 500.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from starlette.requests import ClientDisconnect
 from specdec.errors import ConfigError
 
 _TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+#: Anthropic's error types by status (``invalid_request_error`` otherwise).
+_ANTHROPIC_TYPES = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
 
 
 class APIError(Exception):
@@ -36,6 +40,10 @@ class APIError(Exception):
 
     def openai_body(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+
+    def anthropic_body(self) -> dict[str, object]:
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status, "invalid_request_error"),
+                                           "message": self.message}}
 
 
 class BodyTooLarge(Exception):
@@ -61,8 +69,13 @@ def from_validation_error(exc: ValidationError) -> APIError:
 
 
 def error_response(request: Request, error: APIError) -> JSONResponse:
-    triton = request.url.path.startswith("/v2/")
-    body = {"error": error.message} if triton else error.openai_body()
+    path = request.url.path
+    if path.startswith("/v2/"):
+        body: dict[str, object] = {"error": error.message}
+    elif path.startswith("/v1/messages"):
+        body = error.anthropic_body()
+    else:
+        body = error.openai_body()
     return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from specdec.server.async_engine import EngineFailure, RequestStream
-from specdec.server.chat_replies import ChatReplies
+from specdec.server.chat_replies import ChatReplies, StreamedCalls
 from specdec.server.handling import (
     EventStreamResponse,
     abort_all,
@@ -106,7 +106,7 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
     failure after the stream started is an ``error`` event."""
     output: list[dict[str, Any]] = []
     open_item: _OpenItem | None = None
-    calls: dict[int, dict[str, Any]] = {}
+    calls = StreamedCalls()
     num_output_tokens, first = 0, True
     yield _sse(builder.event("response.created", response=builder.response("in_progress", [], None)))
     yield _sse(builder.event("response.in_progress", response=builder.response("in_progress", [], None)))
@@ -162,11 +162,7 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
             if chunk.get("content"):
                 for line in add("message", chunk["content"]):
                     yield line
-            for entry in chunk.get("tool_calls") or []:
-                call = calls.setdefault(entry["index"], {"id": "", "function": {"name": "", "arguments": ""}})
-                call["id"] = entry.get("id") or call["id"]
-                call["function"]["name"] = entry["function"].get("name") or call["function"]["name"]
-                call["function"]["arguments"] += entry["function"].get("arguments") or ""
+            calls.add(chunk)
             if delta.finished:
                 break
     except EngineFailure as exc:
@@ -177,7 +173,7 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
     if not output and not calls:  # an empty reply is still a message
         for line in add("message", "") + close():
             yield line
-    for call in calls.values():
+    for call in calls.calls():
         item = function_call_item(call)
         index = len(output)
         output.append(item)
@@ -191,8 +187,7 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
     final = status(delta.finish_reason)
     response = builder.response(final, output, counted)
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-    _keep(state, builder, response, conversation, {"content": text, "tool_calls": [
-        {"id": call["id"], "type": "function", "function": call["function"]} for call in calls.values()]})
+    _keep(state, builder, response, conversation, {"content": text, "tool_calls": calls.calls()})
     kind = "response.incomplete" if final == "incomplete" else "response.completed"
     yield _sse(builder.event(kind, response=response))
 
