@@ -953,6 +953,27 @@ def test_a_failing_drafter_fails_only_its_request(echo_server: Server, offline: 
     assert _total(metrics, "vllm:request_success_total", finished_reason="error") == 2
 
 
+def test_a_failing_request_ends_the_responses_and_messages_apis_in_their_shape(echo_server: Server,
+                                                                               fail_token: tuple[int, str]) -> None:
+    """A request whose drafter fails (after ``test_a_failing_drafter_fails_only_its_request``,
+    which counts the failures before it): the Responses and Messages APIs answer a 500 in their
+    own error shape, and their streams end with their own ``error`` event."""
+    model = echo_server.client().models.list().data[0].id
+    content = f"oh no{fail_token[1]} boom"
+    cases = [("/v1/responses", {"input": content, "max_output_tokens": 12}),
+             ("/v1/messages", {"messages": [{"role": "user", "content": content}], "max_tokens": 12})]
+    for path, body in cases:
+        whole = echo_server.post(path, {"model": model, "temperature": 0, **body})
+        error = whole.json()["error"]
+        assert whole.status_code == 500 and "RuntimeError" in error["message"], whole.text
+        assert error["type"] == ("api_error" if path == "/v1/messages" else "server_error")
+        with httpx.stream("POST", f"{echo_server.url}{path}", json={"model": model, "temperature": 0, "stream": True, **body},
+                          timeout=60) as reply:
+            events = [json.loads(line[len("data: "):]) for line in reply.iter_lines() if line.startswith("data: ")]
+        assert events[-1]["type"] == "error" and "RuntimeError" in str(events[-1]), (path, events[-1])
+        assert events[0]["type"] == ("message_start" if path == "/v1/messages" else "response.created")
+
+
 def test_a_chat_template_file_renders_the_chats(small_server: Server, offline: LLM) -> None:
     """``--chat-template FILE`` replaces the tokenizer's template for chat completions and
     ``/tokenize``."""

@@ -3,9 +3,14 @@ when the server has a reasoning parser), then text or tool calls (:mod:`specdec.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from specdec.reasoning import ReasoningParser, ReasoningStream
+from specdec.requests import RequestDelta
+from specdec.server.async_engine import EngineFailure, RequestStream
+from specdec.server.errors import APIError
+from specdec.server.handling import failure
 from specdec.tools import ToolCall, ToolCallStream, ToolUse
 
 
@@ -94,3 +99,42 @@ class StreamedCalls:
     def calls(self) -> list[dict[str, Any]]:
         """Each call as a chat tool call (``{"id", "type", "function": {"name", "arguments"}}``)."""
         return list(self._calls.values())
+
+
+class ReplyStream:
+    """One streamed chat reply read as pieces, for APIs that build their own events from them (the
+    Responses and Messages APIs): :meth:`pieces` gives its reasoning and its text as they come;
+    once it ends, :attr:`calls` holds its tool calls, :attr:`finish_reason` the chat's finish
+    reason (after tool parsing), :attr:`last` its last delta and :attr:`num_output_tokens` its
+    length."""
+
+    def __init__(self, stream: RequestStream, replies: ChatReplies) -> None:
+        self._stream, self._replies = stream, replies
+        self.calls = StreamedCalls()
+        self.finish_reason: str | None = None
+        self.last: RequestDelta | None = None
+        self.num_output_tokens = 0
+
+    async def pieces(self) -> AsyncIterator[tuple[str, str]]:
+        """``("reasoning" | "content", text)`` pieces; raises :class:`APIError` if the request
+        fails (a 500 for the engine's own failure)."""
+        first = True
+        try:
+            async for delta in self._stream:
+                self.last = delta
+                self.num_output_tokens += len(delta.new_token_ids)
+                error = failure(delta)
+                if error is not None:
+                    raise error
+                if not (delta.text_delta or delta.finished or first):
+                    continue
+                chunk, self.finish_reason = self._replies.delta(0, delta.text_delta, delta.finish_reason, first)
+                first = False
+                for key in ("reasoning", "content"):
+                    if chunk.get(key):
+                        yield key, chunk[key]
+                self.calls.add(chunk)
+                if delta.finished:
+                    break
+        except EngineFailure as exc:
+            raise APIError(500, str(exc)) from None

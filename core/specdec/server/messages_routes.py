@@ -10,13 +10,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from specdec.server.async_engine import EngineFailure, RequestStream
-from specdec.server.chat_replies import ChatReplies, StreamedCalls
+from specdec.server.chat_replies import ChatReplies, ReplyStream
+from specdec.server.errors import APIError
 from specdec.server.handling import (
     EventStreamResponse,
     abort_all,
     collect_all,
-    failure,
     submit_all,
     until_disconnected,
 )
@@ -47,7 +46,8 @@ def messages_router(state: ServerState) -> APIRouter:
         replies = ChatReplies(tools, state.reasoning)
         message_id = new_message_id()
         if body.stream:
-            return EventStreamResponse(_events(streams[0], replies, message_id, state.model_name), lambda: abort_all(streams))
+            events = _events(ReplyStream(streams[0], replies), message_id, state.model_name, len(prompt_ids))
+            return EventStreamResponse(events, lambda: abort_all(streams))
         outcome = (await until_disconnected(request, collect_all(streams)))[0]
         reply, finish_reason = replies.message(outcome.text, outcome.finish_reason)
         blocks = content_blocks(reply)
@@ -67,15 +67,12 @@ def _sse(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, separators=(',', ':'))}\n\n"
 
 
-async def _events(stream: RequestStream, replies: ChatReplies, message_id: str, model: str) -> AsyncIterator[str]:
+async def _events(reply: ReplyStream, message_id: str, model: str, prompt_tokens: int) -> AsyncIterator[str]:
     """``message_start``; each thinking or text block started, its deltas, stopped; tool uses,
     whole, once the reply ends (a call is known only then); ``message_delta`` with the stop reason
     and usage; ``message_stop``. A failure after the stream started is an ``error`` event."""
     blocks: list[dict[str, Any]] = []
     open_kind: str | None = None
-    calls = StreamedCalls()
-    num_output_tokens, first = 0, True
-    finish_reason: str | None = None
 
     def stop() -> list[str]:
         nonlocal open_kind
@@ -97,36 +94,21 @@ async def _events(stream: RequestStream, replies: ChatReplies, message_id: str, 
         events.append(_sse("content_block_delta", {"index": len(blocks) - 1, "delta": {"type": delta_kind, field: text}}))
         return events
 
+    start = message(message_id, model, [], None, {"input_tokens": prompt_tokens, "output_tokens": 0})
+    yield _sse("message_start", {"message": start})
     try:
-        async for delta in stream:
-            if first:
-                start = message(message_id, model, [], None, {"input_tokens": delta.num_prompt_tokens, "output_tokens": 0})
-                yield _sse("message_start", {"message": start})
-            num_output_tokens += len(delta.new_token_ids)
-            error = failure(delta)
-            if error is not None:
-                yield _sse("error", error.anthropic_body())
-                return
-            if not (delta.text_delta or delta.finished or first):
-                continue
-            chunk, finish_reason = replies.delta(0, delta.text_delta, delta.finish_reason, first)
-            first = False
-            for kind, key in (("thinking", "reasoning"), ("text", "content")):
-                if chunk.get(key):
-                    for line in add(kind, chunk[key]):
-                        yield line
-            calls.add(chunk)
-            if delta.finished:
-                break
-    except EngineFailure as exc:
-        yield _sse("error", {"error": {"type": "api_error", "message": str(exc)}})
+        async for kind, text in reply.pieces():
+            for line in add("thinking" if kind == "reasoning" else "text", text):
+                yield line
+    except APIError as error:
+        yield _sse("error", error.anthropic_body())
         return
     for line in stop():
         yield line
-    if not blocks and not calls:  # an empty reply is still a text block
+    if not blocks and not reply.calls:  # an empty reply is still a text block
         for line in add("text", "") + stop():
             yield line
-    for call in calls.calls():
+    for call in reply.calls.calls():
         block = tool_use_block(call)
         blocks.append(block)
         index = len(blocks) - 1
@@ -134,7 +116,8 @@ async def _events(stream: RequestStream, replies: ChatReplies, message_id: str, 
         yield _sse("content_block_delta", {"index": index, "delta": {"type": "input_json_delta",
                                                                      "partial_json": json.dumps(block["input"])}})
         yield _sse("content_block_stop", {"index": index})
-    counted = usage(delta.num_prompt_tokens, num_output_tokens, delta.metrics.num_cached_tokens)
-    yield _sse("message_delta", {"delta": {"stop_reason": _stop_reason(finish_reason, blocks), "stop_sequence": None},
+    last = reply.last
+    counted = usage(last.num_prompt_tokens, reply.num_output_tokens, last.metrics.num_cached_tokens)
+    yield _sse("message_delta", {"delta": {"stop_reason": _stop_reason(reply.finish_reason, blocks), "stop_sequence": None},
                                  "usage": counted})
     yield _sse("message_stop", {})

@@ -11,13 +11,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from specdec.server.async_engine import EngineFailure, RequestStream
-from specdec.server.chat_replies import ChatReplies, StreamedCalls
+from specdec.server.chat_replies import ChatReplies, ReplyStream
+from specdec.server.errors import APIError
 from specdec.server.handling import (
     EventStreamResponse,
     abort_all,
     collect_all,
-    failure,
     submit_all,
     until_disconnected,
 )
@@ -53,7 +52,7 @@ def responses_router(state: ServerState) -> APIRouter:
         builder = ResponseBuilder(body, state.model_name)
         replies = ChatReplies(tools, state.reasoning)
         if body.stream:
-            events = _events(streams[0], builder, replies, state, conversation)
+            events = _events(ReplyStream(streams[0], replies), builder, state, conversation)
             return EventStreamResponse(events, lambda: abort_all(streams))
         outcome = (await until_disconnected(request, collect_all(streams)))[0]
         message, _ = replies.message(outcome.text, outcome.finish_reason)
@@ -98,7 +97,7 @@ class _OpenItem:
         self.index, self.item, self.text = index, item, ""
 
 
-async def _events(stream: RequestStream, builder: ResponseBuilder, replies: ChatReplies, state: ServerState,
+async def _events(reply: ReplyStream, builder: ResponseBuilder, state: ServerState,
                   conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
     """``response.created`` and ``.in_progress``; the reasoning and the message text, each an item
     opened, its deltas, then closed; function calls, whole, once the reply ends (a call is known
@@ -106,8 +105,6 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
     failure after the stream started is an ``error`` event."""
     output: list[dict[str, Any]] = []
     open_item: _OpenItem | None = None
-    calls = StreamedCalls()
-    num_output_tokens, first = 0, True
     yield _sse(builder.event("response.created", response=builder.response("in_progress", [], None)))
     yield _sse(builder.event("response.in_progress", response=builder.response("in_progress", [], None)))
 
@@ -146,34 +143,18 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
         return events
 
     try:
-        async for delta in stream:
-            num_output_tokens += len(delta.new_token_ids)
-            error = failure(delta)
-            if error is not None:
-                yield _sse(builder.event("error", code=str(error.status), message=error.message, param=error.param))
-                return
-            if not (delta.text_delta or delta.finished or first):
-                continue
-            chunk, _ = replies.delta(0, delta.text_delta, delta.finish_reason, first)
-            first = False
-            if chunk.get("reasoning"):
-                for line in add("reasoning", chunk["reasoning"]):
-                    yield line
-            if chunk.get("content"):
-                for line in add("message", chunk["content"]):
-                    yield line
-            calls.add(chunk)
-            if delta.finished:
-                break
-    except EngineFailure as exc:
-        yield _sse(builder.event("error", code="500", message=str(exc), param=None))
+        async for kind, text in reply.pieces():
+            for line in add("reasoning" if kind == "reasoning" else "message", text):
+                yield line
+    except APIError as error:
+        yield _sse(builder.event("error", code=str(error.status), message=error.message, param=error.param))
         return
     for line in close():
         yield line
-    if not output and not calls:  # an empty reply is still a message
+    if not output and not reply.calls:  # an empty reply is still a message
         for line in add("message", "") + close():
             yield line
-    for call in calls.calls():
+    for call in reply.calls.calls():
         item = function_call_item(call)
         index = len(output)
         output.append(item)
@@ -183,11 +164,12 @@ async def _events(stream: RequestStream, builder: ResponseBuilder, replies: Chat
         yield _sse(builder.event("response.function_call_arguments.done", **ids, arguments=item["arguments"]))
         yield _sse(builder.event("response.output_item.done", output_index=index, item=item))
     reasoning = "".join(part["text"] for item in output if item["type"] == "reasoning" for part in item["content"])
-    counted = _usage(state, delta.num_prompt_tokens, num_output_tokens, delta.metrics.num_cached_tokens, reasoning or None)
-    final = status(delta.finish_reason)
+    last = reply.last
+    counted = _usage(state, last.num_prompt_tokens, reply.num_output_tokens, last.metrics.num_cached_tokens, reasoning or None)
+    final = status(last.finish_reason)
     response = builder.response(final, output, counted)
     text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-    _keep(state, builder, response, conversation, {"content": text, "tool_calls": calls.calls()})
+    _keep(state, builder, response, conversation, {"content": text, "tool_calls": reply.calls.calls()})
     kind = "response.incomplete" if final == "incomplete" else "response.completed"
     yield _sse(builder.event(kind, response=response))
 
