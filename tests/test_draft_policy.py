@@ -519,8 +519,8 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
     shorter one barely won); counting a resume's setup over the short runs resumes have started,
     it resumes at most twice more after its first run. The output is unchanged.
 
-    Costs are in units of the plain step this machine measures, so load does not change what
-    the test asks: with a fixed 100 ms setup, a busy machine's slow plain steps made probing
+    Costs are in units of the plain step this machine measures (verify widths included), so load
+    does not change what the test asks: with a fixed 100 ms setup, a busy machine's slow plain steps made probing
     nearly free, and both engines passed or failed by chance."""
 
     class CatchUp(ResourceManager):
@@ -554,6 +554,10 @@ def test_engine_stops_probing_when_resumes_cost_more_than_they_return(tiny):
     drafter = Wrong()
     config = UserProvidedDecodingConfig(drafter=drafter, resource_manager=CatchUp(), max_draft_len=4)
     with LLM(tiny.model, config, tokenizer=tiny.tokenizer) as llm:
+        # Verify widths priced in the same unit, not measured: a loaded machine's noisy warm-up
+        # once made a 5-token verify look too dear to draft at all, and nothing was probed.
+        verify = ForwardCost([1.0, 1.1, 1.2, 1.3, 1.4], base_seconds=step)
+        llm.engine.policy.forward_costs[1] = ContextCost((128, 1024), (verify, verify))
         got = llm.generate(prompt, params)[0]
     assert got.token_ids == plain.token_ids
     assert 1 <= drafter.resumes <= 3 and got.metrics.num_drafts <= 15
