@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from specdec.attention import PACKED_SDPA, grouped_query_attention, packed_gqa_attention, padded_query_width
+from specdec.attention import MIN_BLOCK_ROWS, PACKED_SDPA, block_padding, grouped_query_attention, packed_gqa_attention
 from specdec.runner import ModelRunner
 
 
@@ -132,16 +132,25 @@ def test_runner_forwards_match_transformers_sdpa(tiny):
         torch.testing.assert_close(step(), with_sdpa(step), atol=1e-5, rtol=1e-5)
 
 
-def test_query_widths_never_leave_a_block_smaller_than_plain_decodings() -> None:
-    """With 3 query heads per key/value head, plain decoding's block holds 3 folded rows; an
-    11-token forward (33 rows) would end in a block of one, so it gets a 12th, padding token."""
-    assert padded_query_width(11, 3) == 12
-    assert padded_query_width(22, 3) == 23  # 66 rows: a block of 2
-    assert [padded_query_width(w, 3) for w in (1, 9, 10, 12, 21, 64)] == [1, 9, 10, 12, 21, 64]
-    assert padded_query_width(107, 3) == 108  # 321 rows in blocks of 64: one left over
-    assert all(padded_query_width(w, 1) == w for w in range(1, 100))
-    for groups in (2, 3, 4, 7):
-        for width in range(1, 300):
-            rows = groups * padded_query_width(width, groups)
-            split = 256 if rows >= 768 else 64 if rows >= 192 else 32
-            assert not 0 < rows % split < groups
+def test_no_block_of_folded_query_rows_is_left_with_fewer_than_four() -> None:
+    """Plain decoding with 3 query heads per key/value head folds into 3 rows, an 11-token verify
+    into 33 (a last block of one): both are padded so that every block of PyTorch's CPU flash
+    attention has 4 rows at least, the path every wider block takes."""
+    assert block_padding(3) == 1 and block_padding(1) == 3
+    assert block_padding(33) == 3 and block_padding(66) == 2  # blocks of 32: 1 and 2 left over
+    assert block_padding(321) == 3  # blocks of 64 from 192 rows
+    assert [block_padding(rows) for rows in (4, 9, 32, 36, 191, 192)] == [0] * 6
+    for rows in range(1, 2000):
+        padded = rows + block_padding(rows)
+        split = 256 if padded >= 768 else 64 if padded >= 192 else 32
+        assert not 0 < padded % split < MIN_BLOCK_ROWS and padded - rows < MIN_BLOCK_ROWS
+
+
+def test_padded_rows_leave_every_query_row_unchanged() -> None:
+    """The padding rows are dropped again: each row's output is the one unpadded attention gives."""
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 6, 1, 16), torch.randn(2, 2, 40, 16), torch.randn(2, 2, 40, 16)
+    mask = torch.zeros(2, 1, 1, 40)
+    mask[0, ..., 30:] = float("-inf")
+    want = torch.nn.functional.scaled_dot_product_attention(query, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1), attn_mask=mask)
+    torch.testing.assert_close(grouped_query_attention(query, key, value, mask), want, atol=1e-6, rtol=1e-5)

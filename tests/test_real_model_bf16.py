@@ -70,7 +70,7 @@ def test_greedy_tree_speculation_is_plain_bf16_decoding_token_for_token(plain_bf
     assert sum(o.metrics.num_accepted_tokens for o in alone) > 0
 
 
-@pytest.mark.parametrize("length", [100, 700])
+@pytest.mark.parametrize("length", [100, 600])
 def test_every_node_of_a_draft_tree_has_its_chains_bits(plain_bf16: LLM, length: int) -> None:
     """Random 24-node trees verified in one forward on the real model: every node's logits have
     the bits of decoding its path one token at a time. Laid out flat, about one node in ten got
@@ -106,18 +106,22 @@ def test_seeded_speculation_is_plain_seeded_bf16_decoding(plain_bf16: LLM) -> No
         assert llm.generate(PROMPTS, [seeded, *GREEDY[1:]], chat=True)[0].token_ids == want
 
 
-def test_a_verify_forward_of_any_width_gives_each_token_its_plain_bits(plain_bf16: LLM) -> None:
-    """Chains of 1 to 40 tokens in one forward at cache length 100: every token's logits are the
-    bits of decoding it alone. Without padded_query_width, 11 tokens (33 folded query rows, the
-    last alone in its block) gave the last token other bits."""
+@pytest.mark.parametrize(("context", "widths"), [(100, range(1, 41)), (830, range(1, 9)), (1020, range(1, 9))])
+def test_a_verify_forward_of_any_width_gives_each_token_its_plain_bits(plain_bf16: LLM, context: int, widths: range) -> None:
+    """Chains of several widths in one forward: every token's logits are the bits of decoding it
+    alone. Without the attention's padded query rows (attention.block_padding), a 2-token forward
+    (6 folded rows against plain decoding's 3) gave its first token other bits, and 11 tokens (33
+    rows, the last alone in its block) its last; without a one-row input multiplied as two
+    (prepacked_linear), SmolLM2's 1,536-input layers did; at 830 keys, without whole key blocks
+    past 512 (kv_cache.padded_key_length), a verify crossing 864 keys did; at 1020 one crosses 1,024."""
     runner = plain_bf16.runner
-    prompt = [(7 * i) % 40000 + 100 for i in range(100)]
-    tokens = [(13 * i) % 30000 + 200 for i in range(40)]
+    prompt = [(7 * i) % 40000 + 100 for i in range(context)]
+    tokens = [(13 * i) % 30000 + 200 for i in range(max(widths))]
 
     cache = prefilled_batch(runner, [prompt])
     alone = torch.stack([runner.forward(cache, [t]).logits[0] for t in tokens])
     differ = []
-    for width in range(1, 41):
+    for width in widths:
         logits = runner.forward_rows(prefilled_batch(runner, [prompt]), [tokens[:width]])[0].logits
         differ += [(width, j) for j in range(width) if not torch.equal(logits[j], alone[j])]
     assert differ == []

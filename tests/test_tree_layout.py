@@ -9,7 +9,7 @@ import random
 import pytest
 
 from specdec.kv_cache import KEY_BLOCK
-from specdec.tree_layout import KEY_SPLIT, tile_aligned_layout
+from specdec.tree_layout import KEY_SPLIT, SUM_SPLIT, tile_aligned_layout
 
 
 def _random_row(rng: random.Random, nodes: int) -> tuple[int, ...]:
@@ -58,15 +58,26 @@ def test_near_the_end_of_a_block_a_tree_keeps_its_leading_chain() -> None:
     assert layout.slots == (0, 1, 2)
 
 
+def test_a_tree_stays_in_its_run_of_summed_keys() -> None:
+    """Where keys are summed in runs of 192 (no AMX), a tree at 170 has the 6th tile, the run's
+    last, for its segments: the first chain alone; at 200 the run goes on to 384, and the same
+    tree is laid out whole, as it is at 170 where a block is summed in one run."""
+    parents = (-1, 0, 1, 0, 3)
+    assert tile_aligned_layout(parents, 170, SUM_SPLIT).size == 3
+    assert tile_aligned_layout(parents, 200, SUM_SPLIT).size == 5
+    assert tile_aligned_layout(parents, 170, KEY_SPLIT).size == 5
+
+
+@pytest.mark.parametrize("split", [KEY_SPLIT, SUM_SPLIT])
 @pytest.mark.parametrize("seed", range(40))
-def test_every_token_sees_its_chains_keys_tile_for_tile(seed: int) -> None:
+def test_every_token_sees_its_chains_keys_tile_for_tile(seed: int, split: int) -> None:
     rng = random.Random(seed)
     start = rng.randrange(0, 3 * KEY_SPLIT)
     parents = _random_row(rng, rng.randrange(1, 40))
-    layout = tile_aligned_layout(parents, start)
+    layout = tile_aligned_layout(parents, start, split)
     depths = _depths(parents)
     assert 1 <= layout.size <= len(parents)
-    assert layout == tile_aligned_layout(parents, start % KEY_SPLIT)
+    assert layout == tile_aligned_layout(parents, start % KEY_SPLIT, split)
     # What each slot holds: a copied committed entry (its position) or a token (the position of its depth).
     position = {slot: start + source for source, slot in layout.copies}
     for token, slot in layout.writes:
@@ -87,6 +98,7 @@ def test_every_token_sees_its_chains_keys_tile_for_tile(seed: int) -> None:
             shift = start + slot - position[slot]
             assert shift % KEY_BLOCK == 0 and shift >= 0
             assert (start + slot) // KEY_SPLIT == position[slot] // KEY_SPLIT
+            assert (start + slot) % KEY_SPLIT // split == position[slot] % KEY_SPLIT // split or shift == 0
         slots = sorted(layout.visible[j], key=lambda s: position[s])
         assert slots == sorted(slots)
         assert layout.slots[j] == max(layout.visible[j])

@@ -68,19 +68,22 @@ def packed_gqa_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def padded_query_width(width: int, groups: int) -> int:
-    """``width`` query tokens per row, plus padding where PyTorch's CPU flash attention would run
-    the last block of a forward's folded queries (``groups * width`` rows per key/value head, in
-    blocks of 32; of 64 from 192 rows, of 256 from 768) with fewer rows than plain decoding's
-    ``groups``: so small a block takes another multiply path, and in bfloat16 a token's logits
-    then came out with other bits than plain decoding's (SmolLM2, 3 groups: an 11-token verify
-    forward, whose 33 rows end in a block of one)."""
+#: The fewest folded query rows any block of PyTorch's CPU flash attention is given. It multiplies
+#: a block of 1 to 3 rows by another path than a block of 4 or more: on a 2-core AMD EPYC with
+#: AVX512-BF16 (oneDNN without AMX), SmolLM2's plain decoding (3 rows: one token, 3 query heads per
+#: key/value head) and a 2-token verify (6 rows) gave the same token other bits in 8 of 30 forwards.
+MIN_BLOCK_ROWS = 4
+
+
+def block_padding(rows: int) -> int:
+    """The rows to add to ``rows`` folded query rows so that no block of PyTorch's CPU flash
+    attention (32 rows; 64 from 192 rows, 256 from 768) holds fewer than :data:`MIN_BLOCK_ROWS`."""
+    padded = rows
     while True:
-        rows = groups * width
-        split = 256 if rows >= 768 else 64 if rows >= 192 else 32
-        if not 0 < rows % split < groups:
-            return width
-        width += 1
+        split = 256 if padded >= 768 else 64 if padded >= 192 else 32
+        if not 0 < padded % split < MIN_BLOCK_ROWS:
+            return padded - rows
+        padded += 1
 
 
 def grouped_query_attention(
@@ -110,9 +113,15 @@ def _attend_folded(
     """Attention with a group's query heads folded into rows; ``folded`` is :func:`_fold_mask`'s."""
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
-    query = query.reshape(batch, kv_heads, heads // kv_heads * length, dim)
+    rows = heads // kv_heads * length
+    query = query.reshape(batch, kv_heads, rows, dim)
+    padding = block_padding(rows) if query.device.type == "cpu" else 0
+    if padding:  # rows that see every key, dropped again: a token's bits never depend on the width
+        query = torch.cat([query, query.new_zeros(batch, kv_heads, padding, dim)], 2)
+        if folded is not None:
+            folded = torch.cat([folded, folded.new_zeros(*folded.shape[:2], padding, folded.shape[-1])], 2)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=folded, scale=scale)
-    return out.reshape(batch, heads, length, value.shape[-1])
+    return out[:, :, :rows].reshape(batch, heads, length, value.shape[-1])
 
 
 def _fold_mask(mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> torch.Tensor:

@@ -33,21 +33,29 @@ _MIN_CAPACITY = 256
 #: A batch forward's attention reads its keys in whole blocks of this many positions
 #: (:func:`padded_key_length`).
 KEY_BLOCK = 32
+#: PyTorch's CPU flash attention splits more keys than this into blocks of this many, each
+#: multiplied separately and merged: past it, keys are read in whole blocks of this size.
+KEY_SPLIT = 512
 
 
 def padded_key_length(end: int) -> int:
-    """``end`` keys rounded up to whole :data:`KEY_BLOCK` blocks, the extra ones masked.
+    """``end`` keys rounded up to whole :data:`KEY_BLOCK` blocks, or to whole :data:`KEY_SPLIT`
+    blocks past the first, the extra ones masked.
 
     PyTorch's CPU flash attention sums a query's keys in an order that depends on how many keys
-    past a multiple of 16 or 32 it is given: a token two drafts before the end of a verify forward
-    saw two more (masked) keys than the same token decoded alone, and on a 2-core AVX512-BF16 Xeon
-    its bfloat16 attention output differed in about a third of the shapes tried. Reading whole
-    blocks of 32, a masked key adds an exact zero wherever it lies, and every shape tried (up to
-    2,000 keys, up to 300 query tokens) gave each token the same bits alone, in a verify forward
-    or in a batch: the issue-48 batch invariance that makes bfloat16 speculative output plain
-    decoding's, bit for bit.
+    it is given: a token two drafts before the end of a verify forward saw two more (masked) keys
+    than the same token decoded alone, and on a 2-core AVX512-BF16 Xeon its bfloat16 attention
+    output differed in about a third of the shapes tried. Reading whole blocks of 32, a masked
+    key adds an exact zero wherever it lies. Past 512 keys the kernel multiplies each block of
+    :data:`KEY_SPLIT` on its own, and on a 2-core AMD EPYC with AVX512-BF16 (oneDNN without AMX) the
+    last block's sum still depended on its length (a token at 831 got other bits with 864 keys
+    than with 832), so there every block is whole, and a wholly masked block adds nothing. Then every
+    shape tried gave each token the same bits alone, in a verify forward or in a batch: the
+    issue-48 batch invariance that makes bfloat16 speculative output plain decoding's, bit for bit.
+    Whole blocks past the first cost nothing measurable (SmolLM2 at 800 tokens of context).
     """
-    return -(-end // KEY_BLOCK) * KEY_BLOCK
+    block = KEY_BLOCK if end <= KEY_SPLIT else KEY_SPLIT
+    return -(-end // block) * block
 
 #: The attention layer types the cache holds (names as in transformers' ``config.layer_types``).
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")

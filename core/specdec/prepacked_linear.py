@@ -17,6 +17,9 @@ model). A packed layer therefore multiplies at most :data:`ROW_BLOCK` rows per c
 output is the same whether a forward holds it alone, in a draft of eight or in a batch of 32
 (issue 48's batch invariance; :mod:`specdec.kv_cache` pads the attention's keys for the same
 reason). Prefill's long inputs run as several calls of that size, at oneDNN's full speed.
+One row is multiplied as two (the row repeated): on a 2-core AMD EPYC with AVX512-BF16 (oneDNN
+without AMX), the 1,536-input layers of SmolLM2 gave some tokens other bits alone than among 2 to
+128 rows, which all agreed; the second row costs 2-3% of a one-token forward.
 
 **float32.** ``F.linear(x, W)`` asks the BLAS for ``x @ W^T``: a few rows times the large weight,
 transposed. For two or more rows torch's MKL then took about twice as long as for one, as if it
@@ -100,11 +103,19 @@ class PrepackedLinear(nn.Linear):
         if self._packed_key != key:
             self._packed = _reorder(weight.detach(), 1)
             self._packed_key = key
-        if input.numel() <= ROW_BLOCK * input.shape[-1]:
+        rows = input.numel() // input.shape[-1] if input.shape[-1] else 0
+        if 1 < rows <= ROW_BLOCK:
             return _linear(input, self._packed, self.bias, "none", _NO_SCALARS, "")
         blocks = input.reshape(-1, input.shape[-1]).split(ROW_BLOCK)
-        out = torch.cat([_linear(block, self._packed, self.bias, "none", _NO_SCALARS, "") for block in blocks])
+        out = torch.cat([self._multiply(block) for block in blocks])
         return out.reshape(*input.shape[:-1], out.shape[-1])
+
+    def _multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (at most :data:`ROW_BLOCK`) times the packed weight; one row as two where
+        oneDNN multiplies a single row in another order (module docstring)."""
+        if rows.shape[0] == 1 and _single_row_differs(self._packed, self.in_features, self.out_features, torch.get_num_threads()):
+            return _linear(rows.expand(2, -1), self._packed, self.bias, "none", _NO_SCALARS, "")[:1]
+        return _linear(rows, self._packed, self.bias, "none", _NO_SCALARS, "")
 
     def __getstate__(self) -> dict:
         """Copies and pickles leave the packed weight out (oneDNN's opaque tensors have no storage
@@ -113,6 +124,23 @@ class PrepackedLinear(nn.Linear):
         state.pop("_packed", None)
         state.pop("_packed_key", None)
         return state
+
+
+#: Per (in, out, threads): whether one row is multiplied in another order than several.
+_single_row_orders: dict[tuple[int, int, int], bool] = {}
+
+
+def _single_row_differs(packed: torch.Tensor, in_features: int, out_features: int, threads: int) -> bool:
+    """Whether oneDNN sums one row of this shape in another order than the same row among 2 to
+    :data:`ROW_BLOCK` rows: tried once per shape and thread count on random rows (the order is
+    the kernel's, not the values'; in bfloat16 it shows in a few outputs of each hundred rows)."""
+    key = (in_features, out_features, threads)
+    if key not in _single_row_orders:
+        rows = torch.randn(ROW_BLOCK, in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+        together = _linear(rows, packed, None, "none", _NO_SCALARS, "")
+        alone = torch.cat([_linear(row[None], packed, None, "none", _NO_SCALARS, "") for row in rows])
+        _single_row_orders[key] = not torch.equal(together, alone)
+    return _single_row_orders[key]
 
 
 def _cpu_inference(input: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specdec.attention import padded_query_width, use_packed_attention
+from specdec.attention import use_packed_attention
 from specdec.errors import ModelLoadError
 from specdec.hidden_states import HiddenStates
 from specdec.kv_cache import (
@@ -115,8 +115,6 @@ class ModelRunner:
         self.sliding_window = sliding_window(model.config)
         self.mixed_attention = len(set(attention_layer_types(model.config))) > 1
         self._cache_keyword = cache_keyword(model)
-        heads = getattr(model.config, "num_attention_heads", 1) or 1
-        self._query_groups = max(heads // (getattr(model.config, "num_key_value_heads", None) or heads), 1)
 
     @property
     def hidden_layers(self) -> tuple[int, ...]:
@@ -295,8 +293,6 @@ class ModelRunner:
         if isinstance(cache, StaticKVCache):
             return self._forward_rows_static(cache, rows, parents)
         width = max(len(r) for r in rows)
-        if self.aligned_trees:  # where forwards are batch invariant, keep them so for every width
-            width = padded_query_width(width, self._query_groups)
         starts = cache.lengths
         input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long, device=self.device)
         layouts = [self._tile_layout(parents[b] if parents is not None else None, start, len(rows[b])) for b, start in enumerate(starts)]
