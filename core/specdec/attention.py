@@ -61,10 +61,11 @@ def packed_gqa_attention(
     )
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    padding = _row_padding(query, groups * length)
     folded = None
     if attention_mask is not None:
-        folded = _folded_masks.get(attention_mask, length, key.shape[1], groups)
-    out = _attend_folded(query, key, value, folded, kwargs.get("scaling"))
+        folded = _folded_masks.get(attention_mask, length, key.shape[1], groups, padding)
+    out = _attend_folded(query, key, value, folded, kwargs.get("scaling"), padding)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -103,33 +104,41 @@ def grouped_query_attention(
         repeated per head gives, to floating-point summation order.
     """
     kv_heads = key.shape[1]
-    folded = None if mask is None else _fold_mask(mask, query.shape[2], kv_heads, query.shape[1] // kv_heads)
-    return _attend_folded(query, key, value, folded, scale)
+    groups = query.shape[1] // kv_heads
+    padding = _row_padding(query, groups * query.shape[2])
+    folded = None if mask is None else _fold_mask(mask, query.shape[2], kv_heads, groups, padding)
+    return _attend_folded(query, key, value, folded, scale, padding)
+
+
+def _row_padding(query: torch.Tensor, rows: int) -> int:
+    """The padding rows a CPU forward's folded queries get (:func:`block_padding`); none elsewhere."""
+    return block_padding(rows) if query.device.type == "cpu" else 0
 
 
 def _attend_folded(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, folded: torch.Tensor | None, scale: float | None
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, folded: torch.Tensor | None, scale: float | None, padding: int
 ) -> torch.Tensor:
-    """Attention with a group's query heads folded into rows; ``folded`` is :func:`_fold_mask`'s."""
+    """Attention with a group's query heads folded into rows and ``padding`` zero rows after them,
+    dropped again (a token's bits never depend on the width); ``folded`` is :func:`_fold_mask`'s."""
     batch, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     rows = heads // kv_heads * length
-    query = query.reshape(batch, kv_heads, rows, dim)
-    padding = block_padding(rows) if query.device.type == "cpu" else 0
-    if padding:  # rows that see every key, dropped again: a token's bits never depend on the width
-        query = torch.cat([query, query.new_zeros(batch, kv_heads, padding, dim)], 2)
-        if folded is not None:
-            folded = torch.cat([folded, folded.new_zeros(*folded.shape[:2], padding, folded.shape[-1])], 2)
+    query = torch.nn.functional.pad(query.reshape(batch, kv_heads, rows, dim), (0, 0, 0, padding))
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=folded, scale=scale)
     return out[:, :, :rows].reshape(batch, heads, length, value.shape[-1])
 
 
-def _fold_mask(mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> torch.Tensor:
-    """A mask over ``[batch, heads, q, kv]`` as rows of the folded queries, ``[batch, kv_heads or 1, groups * q, kv]``."""
+def _fold_mask(mask: torch.Tensor, length: int, kv_heads: int, groups: int, padding: int) -> torch.Tensor:
+    """A mask over ``[batch, heads, q, kv]`` as rows of the folded queries and ``padding`` rows
+    that see every key after them: ``[batch, kv_heads or 1, groups * q + padding, kv]``."""
     mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)).expand(-1, -1, length, -1)
     if mask.shape[1] == 1:
-        return mask.repeat(1, 1, groups, 1)
-    return mask.expand(-1, kv_heads * groups, -1, -1).reshape(mask.shape[0], kv_heads, groups * length, mask.shape[-1])
+        folded = mask.repeat(1, 1, groups, 1)
+    else:
+        folded = mask.expand(-1, kv_heads * groups, -1, -1).reshape(mask.shape[0], kv_heads, groups * length, mask.shape[-1])
+    if not padding:
+        return folded
+    return torch.cat([folded, folded.new_zeros(*folded.shape[:2], padding, folded.shape[-1])], 2)
 
 
 class _FoldedMaskCache:
@@ -149,16 +158,16 @@ class _FoldedMaskCache:
         self._size = size
         self._entries: tuple[tuple, ...] = ()
 
-    def get(self, mask: torch.Tensor, length: int, kv_heads: int, groups: int) -> torch.Tensor:
+    def get(self, mask: torch.Tensor, length: int, kv_heads: int, groups: int, padding: int) -> torch.Tensor:
         if torch.compiler.is_compiling():  # no Python state in a compiled graph, which dedups the folds itself
-            return _fold_mask(mask, length, kv_heads, groups)
+            return _fold_mask(mask, length, kv_heads, groups, padding)
         version = None if mask.is_inference() else mask._version
-        key = (version, length, kv_heads, groups)
+        key = (version, length, kv_heads, groups, padding)
         entries = self._entries
         for entry in entries:
             if entry[0]() is mask and entry[1] == key:
                 return entry[2]
-        folded = _fold_mask(mask, length, kv_heads, groups)
+        folded = _fold_mask(mask, length, kv_heads, groups, padding)
         self._entries = ((weakref.ref(mask), key, folded), *entries[: self._size - 1])
         return folded
 

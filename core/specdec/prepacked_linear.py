@@ -114,7 +114,7 @@ class PrepackedLinear(nn.Linear):
         """``rows`` (at most :data:`ROW_BLOCK`) times the packed weight; one row as two where
         oneDNN multiplies a single row in another order (module docstring)."""
         if rows.shape[0] == 1 and _single_row_differs(self._packed, self.in_features, self.out_features, torch.get_num_threads()):
-            return _linear(rows.expand(2, -1), self._packed, self.bias, "none", _NO_SCALARS, "")[:1]
+            return _linear(torch.cat([rows, rows]), self._packed, self.bias, "none", _NO_SCALARS, "")[:1]
         return _linear(rows, self._packed, self.bias, "none", _NO_SCALARS, "")
 
     def __getstate__(self) -> dict:
