@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers
 
-from specdec.kv_cache import KEY_BLOCK, padded_key_length
+from specdec.kv_cache import KEY_SPLIT, padded_key_length
 from specdec.requests import DraftProposal
 from specdec.runner import ModelRunner
 from specdec.testing import needs_prepacked_linears, prefilled_batch
@@ -79,8 +79,9 @@ def test_the_static_path_gives_the_eager_bits(model: torch.nn.Module) -> None:
 
 
 def test_keys_are_read_in_whole_blocks() -> None:
-    assert [padded_key_length(n) for n in (1, KEY_BLOCK, KEY_BLOCK + 1, 3 * KEY_BLOCK - 1)] == [
-        KEY_BLOCK, KEY_BLOCK, 2 * KEY_BLOCK, 3 * KEY_BLOCK
+    """Every forward's attention multiplies whole blocks of 512 keys."""
+    assert [padded_key_length(n) for n in (1, KEY_SPLIT - 1, KEY_SPLIT, KEY_SPLIT + 1, 830, 2 * KEY_SPLIT + 1)] == [
+        KEY_SPLIT, KEY_SPLIT, KEY_SPLIT, 2 * KEY_SPLIT, 2 * KEY_SPLIT, 3 * KEY_SPLIT
     ]
 
 

@@ -96,7 +96,7 @@ def test_a_joining_request_takes_a_finished_rows_place(tiny):
         runner.forward(single, prompt)
         batch.append_rows(single)
     capacity = batch.layers[0]._key_buf.shape[-2]
-    for newcomer, step in (([9, 9, 8], [32]), ((list(range(3, 30)) * 11)[:300], [33])):
+    for newcomer, step in (([9, 9, 8], [32]), ((list(range(3, 30)) * 23)[:600], [33])):
         joining = runner.new_cache()
         runner.forward(joining, newcomer)
         batch.replace_row(0, joining)

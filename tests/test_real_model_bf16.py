@@ -106,6 +106,29 @@ def test_seeded_speculation_is_plain_seeded_bf16_decoding(plain_bf16: LLM) -> No
         assert llm.generate(PROMPTS, [seeded, *GREEDY[1:]], chat=True)[0].token_ids == want
 
 
+@pytest.fixture(scope="module")
+def code_edits(plain_bf16: LLM) -> tuple[list[str], list[list[int]]]:
+    """Held-out code edits (renames: long copied spans) and their plain bfloat16 greedy outputs."""
+    prompts = [q.turns[0] for q in load_questions("code_edits", ["rename"], per_category=5)[1:4]]
+    return prompts, [plain_bf16.generate(p, EDIT, chat=True)[0].token_ids for p in prompts]
+
+
+EDIT = SamplingParams(max_tokens=192)
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_long_drafts_on_code_edits_are_plain_bf16_decoding(plain_bf16: LLM, code_edits, method: str) -> None:
+    """n-gram and suffix drafts run long on code edits (verify forwards of up to 25 tokens, their
+    keys crossing blocks), with the default adaptive policy: the output is plain decoding's. With
+    keys read in blocks of 32 rather than 512, 2 of 15 turns (n-gram) and 4 of 15 (suffix) once
+    differed on an AVX512-BF16 EPYC: a verify read 320 keys where decoding alone read 288."""
+    prompts, expected = code_edits
+    with LLM(plain_bf16.model, {"method": method}, tokenizer=plain_bf16.tokenizer) as llm:
+        outputs = [llm.generate(p, EDIT, chat=True)[0] for p in prompts]
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.metrics.num_accepted_tokens for o in outputs) > 100
+
+
 @pytest.mark.parametrize(("context", "widths"), [(100, range(1, 41)), (830, range(1, 9)), (1020, range(1, 9))])
 def test_a_verify_forward_of_any_width_gives_each_token_its_plain_bits(plain_bf16: LLM, context: int, widths: range) -> None:
     """Chains of several widths in one forward: every token's logits are the bits of decoding it

@@ -30,32 +30,31 @@ from specdec.errors import ModelLoadError
 
 _MIN_CAPACITY = 256
 
-#: A batch forward's attention reads its keys in whole blocks of this many positions
-#: (:func:`padded_key_length`).
+#: PyTorch's CPU flash attention adds up a query's keys 32 to a tile (draft trees are laid out
+#: by these tiles: :mod:`specdec.tree_layout`).
 KEY_BLOCK = 32
-#: PyTorch's CPU flash attention splits more keys than this into blocks of this many, each
-#: multiplied separately and merged: past it, keys are read in whole blocks of this size.
+#: PyTorch's CPU flash attention multiplies its keys in blocks of this many (fewer when a forward
+#: has fewer keys), each block on its own; a batch forward reads its keys in whole blocks.
 KEY_SPLIT = 512
 
 
 def padded_key_length(end: int) -> int:
-    """``end`` keys rounded up to whole :data:`KEY_BLOCK` blocks, or to whole :data:`KEY_SPLIT`
-    blocks past the first, the extra ones masked.
+    """``end`` keys rounded up to whole :data:`KEY_SPLIT` blocks, the extra ones masked.
 
     PyTorch's CPU flash attention sums a query's keys in an order that depends on how many keys
     it is given: a token two drafts before the end of a verify forward saw two more (masked) keys
     than the same token decoded alone, and on a 2-core AVX512-BF16 Xeon its bfloat16 attention
-    output differed in about a third of the shapes tried. Reading whole blocks of 32, a masked
-    key adds an exact zero wherever it lies. Past 512 keys the kernel multiplies each block of
-    :data:`KEY_SPLIT` on its own, and on a 2-core AMD EPYC with AVX512-BF16 (oneDNN without AMX) the
-    last block's sum still depended on its length (a token at 831 got other bits with 864 keys
-    than with 832), so there every block is whole, and a wholly masked block adds nothing. Then every
-    shape tried gave each token the same bits alone, in a verify forward or in a batch: the
-    issue-48 batch invariance that makes bfloat16 speculative output plain decoding's, bit for bit.
-    Whole blocks past the first cost nothing measurable (SmolLM2 at 800 tokens of context).
+    output differed in about a third of the shapes tried. Whole blocks of 32 keys sufficed there
+    (AMX); on a 2-core AMD EPYC with AVX512-BF16 (oneDNN without AMX) the multiply's order also
+    depended on the block's length (a token at 286 got other bits with 288 keys than with 320,
+    and one at 831 with 832 than with 864). Every block whole, each multiply has the same shape
+    whatever the forward, a masked key adds an exact zero wherever it lies, and so does a wholly
+    masked block: each token gets the same bits alone, in a verify forward or in a batch (the
+    issue-48 batch invariance that makes bfloat16 speculative output plain decoding's, bit for
+    bit). Measured on that EPYC, plain decoding at 20-130 tokens of context took 0.6% longer a
+    step than with blocks of 32, and nothing measurable at 800.
     """
-    block = KEY_BLOCK if end <= KEY_SPLIT else KEY_SPLIT
-    return -(-end // block) * block
+    return -(-end // KEY_SPLIT) * KEY_SPLIT
 
 #: The attention layer types the cache holds (names as in transformers' ``config.layer_types``).
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -316,9 +315,11 @@ class BatchKVCache(DynamicCache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return max(self.lengths, default=0)
 
+    @torch.inference_mode()
     def move_entries(self, row: int, sources: list[int], destination: int) -> None:
         """Copy row ``row``'s entries at positions ``sources`` to ``destination`` onward, in every
-        layer: an accepted path through a draft tree becomes a contiguous run of the cache."""
+        layer: an accepted path through a draft tree becomes a contiguous run of the cache (in
+        inference mode, as the forwards that may have made its buffers)."""
         for layer in self.layers:
             if layer._key_buf is not None:
                 index = torch.tensor(sources, dtype=torch.long, device=layer._key_buf.device)

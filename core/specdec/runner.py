@@ -44,7 +44,7 @@ from specdec.attention import use_packed_attention
 from specdec.errors import ModelLoadError
 from specdec.hidden_states import HiddenStates
 from specdec.kv_cache import (
-    BatchKVCache, ScatterPlan, attention_layer_types, check_model_supported, context_length, new_kv_cache,
+    KEY_BLOCK, BatchKVCache, ScatterPlan, attention_layer_types, check_model_supported, context_length, new_kv_cache,
     padded_key_length, sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
@@ -176,7 +176,7 @@ class ModelRunner:
         bucketed shape now, in the captured modes. Eager mode has nothing to prepare."""
         if not self.static:
             return
-        capacity = padded_key_length(self.max_length + width_buckets(max_width)[-1])
+        capacity = -(-(self.max_length + width_buckets(max_width)[-1]) // KEY_BLOCK) * KEY_BLOCK  # whole tiles
         cache = StaticKVCache(self.model.config, max_rows, capacity)
         self._static = StaticForward(
             self.execution, cache, self._forward_static, _visibility, self._static_layer_masks, self.dtype, self.device, max_width
