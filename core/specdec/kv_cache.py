@@ -345,9 +345,10 @@ class BatchKVCache(DynamicCache):
             mine.append_rows([other.layers[index] for other in others], self.num_rows, [o.num_rows for o in others])
         self.lengths = self.lengths + [length for other in others for length in other.lengths]
 
+    @torch.inference_mode()
     def replace_row(self, row: int, other: BatchKVCache) -> None:
         """Put ``other``'s single row (a request just prefilled alone) in place of row ``row``,
-        whose request has left.
+        whose request has left (in inference mode, as the forwards that may have made its buffers).
 
         Only that row is written, where leaving and joining (:meth:`select_rows`,
         :meth:`append_rows`) copy the whole cache: with continuous batching a request leaves

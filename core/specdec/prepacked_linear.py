@@ -17,9 +17,11 @@ model). A packed layer therefore multiplies at most :data:`ROW_BLOCK` rows per c
 output is the same whether a forward holds it alone, in a draft of eight or in a batch of 32
 (issue 48's batch invariance; :mod:`specdec.kv_cache` pads the attention's keys for the same
 reason). Prefill's long inputs run as several calls of that size, at oneDNN's full speed.
-One row is multiplied as two (the row repeated): on a 2-core AMD EPYC with AVX512-BF16 (oneDNN
-without AMX), the 1,536-input layers of SmolLM2 gave some tokens other bits alone than among 2 to
-128 rows, which all agreed; the second row costs 2-3% of a one-token forward.
+A layer whose lone rows oneDNN sums in another order than rows among others multiplies one row
+as two (the row repeated; found once per shape by trying, :func:`_single_row_differs`): on a
+2-core AMD EPYC with AVX512-BF16 (oneDNN without AMX), SmolLM2's 1,536-input layers gave some
+tokens other bits alone than among 2 to 128 rows, which all agreed, and its other layers none;
+the repeated row cost those layers 1 us each (32 against 31 us).
 
 **float32.** ``F.linear(x, W)`` asks the BLAS for ``x @ W^T``: a few rows times the large weight,
 transposed. For two or more rows torch's MKL then took about twice as long as for one, as if it
