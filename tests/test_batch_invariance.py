@@ -78,6 +78,26 @@ def test_the_static_path_gives_the_eager_bits(model: torch.nn.Module) -> None:
     assert torch.equal(_decode(static, [1, 0, 2], BATCHED)[1], _decode(eager, [1, 0, 2], BATCHED)[1])
 
 
+@needs_prepacked_linears
+def test_the_static_paths_last_bucket_gives_the_eager_bits(model: torch.nn.Module) -> None:
+    """With a context limit of 600 the static path's longest bucket is its whole capacity: on the
+    CPU 1,024 keys, two whole blocks as the eager path reads them, not 640: a last block of 128
+    keys, whose length changes its sums without AMX (:func:`padded_key_length`). The tiny model's
+    bits agreed even then; the capacity is what fails without the rounding."""
+    eager = ModelRunner(model, max_model_len=600)
+    static = ModelRunner(model, execution="static", max_model_len=600)
+    static.prepare(max_rows=2, max_width=9)
+    assert static._static.cache.capacity == 2 * KEY_SPLIT
+    prompts = [[(5 * i + r) % 33 + 3 for i in range(n)] for r, n in enumerate((530, 500))]
+    # Row 0 verifies chains of 9 from 530 keys on, row 1 chains of 3 from 500, crossing 512.
+    steps = [[TOKENS[0][9 * k : 9 * k + 9], TOKENS[1][3 * k : 3 * k + 3]] for k in range(4)]
+    logits = []
+    for runner in (static, eager):
+        cache = prefilled_batch(runner, prompts)
+        logits.append([out.logits for rows in steps for out in runner.forward_rows(cache, rows)])
+    assert all(torch.equal(s, e) for s, e in zip(*logits))
+
+
 def test_keys_are_read_in_whole_blocks() -> None:
     """Every forward's attention multiplies whole blocks of 512 keys."""
     assert [padded_key_length(n) for n in (1, KEY_SPLIT - 1, KEY_SPLIT, KEY_SPLIT + 1, 830, 2 * KEY_SPLIT + 1)] == [

@@ -14,6 +14,7 @@ import torch
 
 from specdec import LLM, SamplingParams, static_forward
 from specdec.errors import ConfigError
+from specdec.kv_cache import KEY_BLOCK, KEY_SPLIT
 from specdec.runner import ModelRunner
 from specdec.static_cache import StaticKVCache
 from specdec.static_forward import batch_buckets, bucket_for, resolve_execution, use_recordable_experts, width_buckets
@@ -151,9 +152,11 @@ def test_the_static_cache_refuses_what_it_cannot_hold(tiny):
     cache = runner.new_batch_cache(2)
     with pytest.raises(ValueError, match="static KV cache of 2 rows"):
         cache.append_rows(runner.new_cache())
-    # 32 positions and a forward's 4, in whole blocks of 32 keys (KEY_BLOCK).
-    with pytest.raises(ValueError, match="of 64 positions"):
-        runner.forward_rows(cache, [[3] * 70, [3]])
+    # 32 positions and a forward's 4, in whole tiles of 32 keys (KEY_BLOCK); on the CPU in whole
+    # blocks of 512 (KEY_SPLIT), as the eager path reads its keys.
+    capacity = KEY_SPLIT if runner.device.type == "cpu" else 2 * KEY_BLOCK
+    with pytest.raises(ValueError, match=f"of {capacity} positions"):
+        runner.forward_rows(cache, [[3] * (capacity + 6), [3]])
     with pytest.raises(ValueError, match="3 requests"):
         runner.new_batch_cache(3)
     assert isinstance(cache, StaticKVCache) and runner.max_length == 32
@@ -230,7 +233,8 @@ def test_a_model_that_cannot_be_captured_runs_eagerly_unless_capture_was_asked_f
 
 def test_the_static_path_accounts_for_its_memory(tiny):
     """The KV cache's bytes are known once a forward allocated it: rows x positions x layers,
-    the positions (32, and a forward's 4) in whole blocks of 32 keys."""
+    the positions (32, and a forward's 4) in whole tiles of 32 keys, on the CPU in whole blocks of
+    512 keys."""
     runner = ModelRunner(tiny.model, execution="static", max_model_len=32)
     assert ModelRunner(tiny.model).static_memory is None
     runner.prepare(max_rows=2, max_width=4)
@@ -238,7 +242,8 @@ def test_the_static_path_accounts_for_its_memory(tiny):
     runner.forward_rows(cache, [[3, 4]])
     config = tiny.model.config
     per_position = 2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads) * 4  # K and V, fp32
-    want = 2 * 64 * config.num_hidden_layers * per_position
+    positions = KEY_SPLIT if runner.device.type == "cpu" else 2 * KEY_BLOCK
+    want = 2 * positions * config.num_hidden_layers * per_position
     assert runner.static_memory == {"kv_cache_bytes": want, "capture_bytes": 0}
 
 
