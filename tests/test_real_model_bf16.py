@@ -106,14 +106,14 @@ def test_seeded_speculation_is_plain_seeded_bf16_decoding(plain_bf16: LLM) -> No
         assert llm.generate(PROMPTS, [seeded, *GREEDY[1:]], chat=True)[0].token_ids == want
 
 
+EDIT = SamplingParams(max_tokens=192)
+
+
 @pytest.fixture(scope="module")
 def code_edits(plain_bf16: LLM) -> tuple[list[str], list[list[int]]]:
     """Held-out code edits (renames: long copied spans) and their plain bfloat16 greedy outputs."""
     prompts = [q.turns[0] for q in load_questions("code_edits", ["rename"], per_category=5)[1:4]]
     return prompts, [plain_bf16.generate(p, EDIT, chat=True)[0].token_ids for p in prompts]
-
-
-EDIT = SamplingParams(max_tokens=192)
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])

@@ -44,8 +44,8 @@ from specdec.attention import use_packed_attention
 from specdec.errors import ModelLoadError
 from specdec.hidden_states import HiddenStates
 from specdec.kv_cache import (
-    KEY_BLOCK, KEY_SPLIT, BatchKVCache, ScatterPlan, attention_layer_types, check_model_supported, context_length,
-    new_kv_cache, padded_key_length, sliding_window,
+    KEY_BLOCK, BatchKVCache, ScatterPlan, attention_layer_types, check_model_supported, context_length, new_kv_cache,
+    padded_key_length, sliding_window,
 )
 from specdec.prepacked_linear import prepack_linears
 from specdec.static_cache import StaticKVCache
@@ -176,10 +176,10 @@ class ModelRunner:
         bucketed shape now, in the captured modes. Eager mode has nothing to prepare."""
         if not self.static:
             return
-        # Whole tiles; on the CPU whole key blocks, so that the longest length bucket (the whole
-        # capacity) multiplies its keys in the eager path's blocks (padded_key_length): the same bits.
-        block = KEY_SPLIT if self.device.type == "cpu" else KEY_BLOCK
-        capacity = -(-(self.max_length + width_buckets(max_width)[-1]) // block) * block
+        end = self.max_length + width_buckets(max_width)[-1]
+        # On the CPU the eager path's whole key blocks, so that the longest length bucket (the whole
+        # capacity) multiplies its keys as the eager path does: the same bits. Elsewhere whole tiles.
+        capacity = padded_key_length(end) if self.device.type == "cpu" else -(-end // KEY_BLOCK) * KEY_BLOCK
         cache = StaticKVCache(self.model.config, max_rows, capacity)
         self._static = StaticForward(
             self.execution, cache, self._forward_static, _visibility, self._static_layer_masks, self.dtype, self.device, max_width
